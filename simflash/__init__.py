@@ -1,0 +1,19 @@
+"""simflash: see where every byte of attention goes.
+
+A pure-NumPy simulated GPU (HBM and SRAM that count every byte) running naive and tiled
+FlashAttention step by step, closed-form traffic models that agree with it exactly, and analysis.
+"""
+
+from simflash import model
+from simflash.api import Run, RunConfig, flash_attention, flash_attention_steps, naive_attention
+from simflash.config import GPUS, GPUSpec
+from simflash.memory import HBM, SRAM, Flow, SRAMOverflowError, Traffic
+from simflash.model.amdahl import amdahl
+from simflash.schedule import TileSchedule
+from simflash.trace import TileStep, Trace
+
+__all__ = [
+    "GPUS", "GPUSpec", "HBM", "SRAM", "Flow", "Run", "RunConfig", "SRAMOverflowError", "TileSchedule",
+    "TileStep", "Trace", "Traffic", "amdahl", "flash_attention", "flash_attention_steps", "model",
+    "naive_attention",
+]

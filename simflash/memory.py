@@ -1,0 +1,283 @@
+"""The simulated GPU: HBM and SRAM as explicit objects that count every byte that crosses between them.
+
+Every transfer is a visible call: `hbm.read`, `hbm.write`, `sram.load`, `sram.store`. HBM keeps a
+ledger of bytes by (kernel, tensor, direction); SRAM tracks live and peak bytes per buffer and
+refuses a tile set that does not fit. Both hand out frozen snapshots (`Traffic`, `OnChipStats`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+
+import attrs
+import numpy as np
+
+from simflash.config import KiB, STATE_DTYPE
+
+LedgerKey = tuple[str, str]  # (kernel, tensor)
+
+
+class SRAMOverflowError(ValueError):
+    """The tiles a kernel holds at once do not fit in the configured SRAM capacity."""
+
+
+@attrs.frozen
+class Flow:
+    """Bytes moved in each direction between HBM and the chip."""
+
+    read_bytes: int = 0
+    write_bytes: int = 0
+
+    @property
+    def total_bytes(self) -> int:
+        return self.read_bytes + self.write_bytes
+
+    def __add__(self, other: Flow) -> Flow:
+        return Flow(self.read_bytes + other.read_bytes, self.write_bytes + other.write_bytes)
+
+
+def _sum_flows(flows: Mapping[LedgerKey, Flow], key_index: int) -> dict[str, Flow]:
+    grouped: dict[str, Flow] = {}
+    for key, flow in flows.items():
+        grouped[key[key_index]] = grouped.get(key[key_index], Flow()) + flow
+    return grouped
+
+
+@attrs.frozen(hash=False)
+class Traffic:
+    """HBM traffic of a run (or of the closed-form model): the ledger and its sums, in bytes."""
+
+    ledger: Mapping[LedgerKey, Flow] = attrs.field(factory=dict)
+
+    @property
+    def read_bytes(self) -> int:
+        return sum(flow.read_bytes for flow in self.ledger.values())
+
+    @property
+    def write_bytes(self) -> int:
+        return sum(flow.write_bytes for flow in self.ledger.values())
+
+    @property
+    def total_bytes(self) -> int:
+        return self.read_bytes + self.write_bytes
+
+    @property
+    def by_tensor(self) -> dict[str, Flow]:
+        return _sum_flows(self.ledger, 1)
+
+    @property
+    def by_kernel(self) -> dict[str, Flow]:
+        return _sum_flows(self.ledger, 0)
+
+    def times(self, count: int) -> Traffic:
+        """The traffic of `count` independent copies of this workload (e.g. heads)."""
+        return Traffic({key: Flow(f.read_bytes * count, f.write_bytes * count) for key, f in self.ledger.items()})
+
+    def to_dict(self) -> dict:
+        return {
+            "read_bytes": self.read_bytes,
+            "write_bytes": self.write_bytes,
+            "total_bytes": self.total_bytes,
+            "by_kernel": {k: attrs.asdict(f) for k, f in self.by_kernel.items()},
+            "by_tensor": {t: attrs.asdict(f) for t, f in self.by_tensor.items()},
+        }
+
+
+@attrs.define
+class HBM:
+    """Off-chip memory: named tensors in a storage dtype, and a ledger of every byte moved."""
+
+    _tensors: dict[str, np.ndarray] = attrs.field(factory=dict)
+    _read: dict[LedgerKey, int] = attrs.field(factory=dict)
+    _written: dict[LedgerKey, int] = attrs.field(factory=dict)
+    _kernel: str | None = None
+
+    def place(self, name: str, values: np.ndarray, dtype: np.dtype) -> None:
+        """Put an input in HBM before any kernel runs (rounded to `dtype`; not kernel traffic)."""
+        self._tensors[name] = np.asarray(values).astype(dtype)
+
+    def allocate(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> None:
+        """Reserve an output tensor, poisoned with NaN so an element no kernel wrote shows up."""
+        self._tensors[name] = np.full(shape, np.nan, dtype=dtype)
+
+    @contextlib.contextmanager
+    def kernel(self, name: str) -> Iterator[None]:
+        """Attribute the traffic inside the block to kernel `name`."""
+        self._kernel = name
+        try:
+            yield
+        finally:
+            self._kernel = None
+
+    def read(self, tensor: str, index: tuple = (...,)) -> np.ndarray:
+        """Move `tensor[index]` to the chip: counts its bytes, returns a float32 copy."""
+        block = self._tensors[tensor][index]
+        self._count(self._read, tensor, block.nbytes)
+        return block.astype(STATE_DTYPE)
+
+    def write(self, tensor: str, index: tuple, values: np.ndarray | float) -> None:
+        """Move `values` from the chip into `tensor[index]`, rounding to the tensor's dtype."""
+        target = self._tensors[tensor][index]
+        target[...] = values
+        self._count(self._written, tensor, target.nbytes)
+
+    def read_where(self, tensor: str, stored: np.ndarray | None, fill: float) -> np.ndarray:
+        """Read the elements where `stored` is True (None: all); the others come back as `fill`.
+
+        For matrices a kernel stored only in part, such as the permitted triangle of causal S.
+        """
+        values = self._tensors[tensor]
+        if stored is None:
+            self._count(self._read, tensor, values.nbytes)
+            return values.astype(STATE_DTYPE)
+        self._count(self._read, tensor, _stored_count(stored, values.shape) * values.itemsize)
+        return np.where(stored, values, fill).astype(STATE_DTYPE)
+
+    def write_where(self, tensor: str, values: np.ndarray, stored: np.ndarray | None) -> None:
+        """Write `values` where `stored` is True (None: everywhere); the rest is never stored."""
+        target = self._tensors[tensor]
+        if stored is None:
+            self._tensors[tensor] = np.asarray(values).astype(target.dtype)
+            self._count(self._written, tensor, target.nbytes)
+            return
+        np.copyto(target, values, where=stored, casting="unsafe")
+        self._count(self._written, tensor, _stored_count(stored, target.shape) * target.itemsize)
+
+    def shape(self, tensor: str) -> tuple[int, ...]:
+        return self._tensors[tensor].shape
+
+    def inspect(self, tensor: str) -> np.ndarray:
+        """What `tensor` holds now, for the user and the tests; not a transfer, not counted."""
+        return self._tensors[tensor]
+
+    def itemsize(self, tensor: str) -> int:
+        return self._tensors[tensor].itemsize
+
+    def traffic(self) -> Traffic:
+        keys = list(dict.fromkeys([*self._read, *self._written]))
+        return Traffic({key: Flow(self._read.get(key, 0), self._written.get(key, 0)) for key in keys})
+
+    def _count(self, counter: dict[LedgerKey, int], tensor: str, nbytes: int) -> None:
+        if self._kernel is None:
+            raise RuntimeError(f"HBM transfer of {tensor!r} outside a kernel: wrap it in `with hbm.kernel(name):`")
+        key = (self._kernel, tensor)
+        counter[key] = counter.get(key, 0) + nbytes
+
+
+def _stored_count(stored: np.ndarray, shape: tuple[int, ...]) -> int:
+    """Elements selected by a (broadcast) boolean mask over an array of `shape`."""
+    return int(np.count_nonzero(stored)) * (int(np.prod(shape)) // stored.size)
+
+
+@attrs.frozen
+class ScopeStats:
+    """Peak occupancy of one on-chip scope, in bytes, in total and by buffer."""
+
+    name: str
+    capacity_bytes: int | None
+    peak_bytes: int
+    peak_by_buffer: Mapping[str, int]
+
+
+@attrs.define
+class OnChipScope:
+    """Live and peak bytes of the named buffers held in one on-chip scope."""
+
+    name: str
+    capacity_bytes: int | None = None
+    _live: dict[str, int] = attrs.field(factory=dict)
+    _peak_bytes: int = 0
+    _peak_by_buffer: dict[str, int] = attrs.field(factory=dict)
+
+    def hold(self, buffer: str, nbytes: int) -> None:
+        self._live[buffer] = nbytes
+        live_bytes = sum(self._live.values())
+        if self.capacity_bytes is not None and live_bytes > self.capacity_bytes:
+            held = ", ".join(f"{b} {n / KiB:g} KiB" for b, n in self._live.items())
+            raise SRAMOverflowError(
+                f"tiles do not fit in {self.name}: {held} = {live_bytes / KiB:g} KiB > capacity "
+                f"{self.capacity_bytes / KiB:g} KiB; choose smaller block_q/block_kv or a larger sram_bytes"
+            )
+        self._peak_bytes = max(self._peak_bytes, live_bytes)
+        self._peak_by_buffer[buffer] = max(self._peak_by_buffer.get(buffer, 0), nbytes)
+
+    def release(self, buffer: str) -> None:
+        del self._live[buffer]
+
+    def holds(self, buffer: str) -> bool:
+        return buffer in self._live
+
+    @property
+    def live_bytes(self) -> int:
+        return sum(self._live.values())
+
+    def statistics(self) -> ScopeStats:
+        return ScopeStats(self.name, self.capacity_bytes, self._peak_bytes, dict(self._peak_by_buffer))
+
+
+@attrs.frozen
+class OnChipStats:
+    shared: ScopeStats
+    registers: ScopeStats
+
+
+@attrs.define
+class SRAM:
+    """On-chip memory of one CTA: shared-memory tiles (capacity-checked) and register-held state."""
+
+    capacity_bytes: int
+    shared: OnChipScope = attrs.field(init=False)
+    registers: OnChipScope = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.shared = OnChipScope("shared memory", self.capacity_bytes)
+        self.registers = OnChipScope("registers")
+
+    def load(self, buffer: str, hbm: HBM, tensor: str, index: tuple) -> np.ndarray:
+        """Copy a tile from HBM into shared-memory buffer `buffer`; returns it as float32."""
+        tile = hbm.read(tensor, index)
+        self.shared.hold(buffer, tile.size * hbm.itemsize(tensor))
+        return tile
+
+    def store(self, hbm: HBM, tensor: str, index: tuple, values: np.ndarray) -> None:
+        """Copy values held on chip out to HBM."""
+        hbm.write(tensor, index, values)
+
+    def alloc(self, buffer: str, shape: tuple[int, ...], dtype: np.dtype) -> None:
+        """Reserve a shared-memory buffer for an intermediate that never leaves the chip."""
+        self.shared.hold(buffer, int(np.prod(shape)) * np.dtype(dtype).itemsize)
+
+    def state(self, buffer: str, shape: tuple[int, ...], fill: float) -> np.ndarray:
+        """A float32 register-held state array (m, l, a), initialised to `fill`."""
+        self.registers.hold(buffer, int(np.prod(shape)) * STATE_DTYPE.itemsize)
+        return np.full(shape, fill, dtype=STATE_DTYPE)
+
+    def free(self, *buffers: str) -> None:
+        for buffer in buffers:
+            scope = self.shared if self.shared.holds(buffer) else self.registers
+            scope.release(buffer)
+
+    def statistics(self) -> OnChipStats:
+        return OnChipStats(self.shared.statistics(), self.registers.statistics())
+
+
+@attrs.define
+class Compute:
+    """The chip's arithmetic: matrix products, with their FLOPs (2mnk each) counted as they run."""
+
+    flops: int = 0
+
+    def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        product = a @ b
+        self.flops += 2 * product.size * a.shape[-1]
+        return product
+
+
+@attrs.define
+class SimulatedGPU:
+    """HBM, one CTA's SRAM and the arithmetic units: what an algorithm runs on."""
+
+    hbm: HBM
+    sram: SRAM
+    compute: Compute

@@ -1,0 +1,119 @@
+"""Closed-form HBM traffic: exact integer bytes for any configuration, no simulation.
+
+These formulas are derived independently of the simulator's loops; the tests hold the two equal
+for every configuration. All loops here run over query tiles only, so N = 2^20 is instant.
+"""
+
+from __future__ import annotations
+
+from simflash.config import STATE_DTYPE, check_causal_variant, check_positive_int, storage_dtype
+from simflash.memory import Flow, Traffic
+
+
+def _sizes(n: int, d: int, n_kv: int | None, heads: int) -> tuple[int, int, int, int]:
+    n_q = check_positive_int("n", n)
+    n_kv = n_q if n_kv is None else check_positive_int("n_kv", n_kv)
+    return n_q, n_kv, check_positive_int("d", d), check_positive_int("heads", heads)
+
+
+def _diagonal_offset(n_q: int, n_kv: int, causal_variant: str) -> int:
+    return 0 if check_causal_variant(causal_variant) == "upper_left" else n_kv - n_q
+
+
+def permitted_entries(n_q: int, n_kv: int, causal: bool, causal_variant: str = "upper_left") -> int:
+    """Entries of the (n_q, n_kv) score matrix a query may see: sum over rows of clamp(r + off + 1, 0, n_kv)."""
+    if not causal:
+        return n_q * n_kv
+    first = _diagonal_offset(n_q, n_kv, causal_variant) + 1  # keys visible to row 0
+    last = first + n_q - 1  # keys visible to the last row, before clamping
+    # Rows whose count lies strictly between 0 and n_kv contribute their count; rows at or past n_kv, n_kv.
+    lo, hi = max(first, 1), min(last, n_kv - 1)
+    partial = (lo + hi) * (hi - lo + 1) // 2 if hi >= lo else 0
+    full_rows = max(0, last - max(first, n_kv) + 1)
+    return partial + full_rows * n_kv
+
+
+def naive_traffic(
+    n: int, d: int, dtype: str = "float16", causal: bool = False, *, n_kv: int | None = None,
+    heads: int = 1, causal_variant: str = "upper_left",
+) -> Traffic:
+    """The three-kernel baseline; causal stores only the permitted entries of S and P (exact count)."""
+    n_q, n_kv, d, heads = _sizes(n, d, n_kv, heads)
+    b = storage_dtype(dtype).itemsize
+    sp = permitted_entries(n_q, n_kv, causal, causal_variant) * b  # bytes of S (and of P)
+    return Traffic({
+        ("gemm_qk", "Q"): Flow(read_bytes=n_q * d * b),
+        ("gemm_qk", "K"): Flow(read_bytes=n_kv * d * b),
+        ("gemm_qk", "S"): Flow(write_bytes=sp),
+        ("softmax", "S"): Flow(read_bytes=sp),
+        ("softmax", "P"): Flow(write_bytes=sp),
+        ("gemm_pv", "P"): Flow(read_bytes=sp),
+        ("gemm_pv", "V"): Flow(read_bytes=n_kv * d * b),
+        ("gemm_pv", "O"): Flow(write_bytes=n_q * d * b),
+    }).times(heads)
+
+
+def idealized_causal_naive_traffic(n: int, d: int, dtype: str = "float16", *, heads: int = 1) -> Traffic:
+    """The seed lesson's idealised causal baseline: each of S and P counted as exactly N^2 / 2."""
+    n, _, d, heads = _sizes(n, d, None, heads)
+    b = storage_dtype(dtype).itemsize
+    sp = n * n * b // 2  # every storage itemsize is even, so this is exact
+    exact = naive_traffic(n, d, dtype, causal=True, heads=1)
+    ledger = {key: (Flow(sp if f.read_bytes else 0, sp if f.write_bytes else 0) if key[1] in "SP" else f)
+              for key, f in exact.ledger.items()}
+    return Traffic(ledger).times(heads)
+
+
+def kv_rows_visited(n_q: int, n_kv: int, block_q: int, block_kv: int, causal: bool, causal_variant: str) -> list[int]:
+    """For each query tile, the K (and V) rows it loads: whole KV tiles up to the causal skip bound."""
+    offset = _diagonal_offset(n_q, n_kv, causal_variant)
+    rows = []
+    for row_stop in range(block_q, n_q + block_q, block_q):
+        last_col = min(row_stop, n_q) - 1 + offset if causal else n_kv - 1
+        tiles = max(0, min(last_col, n_kv - 1) // block_kv + 1) if last_col >= 0 else 0
+        rows.append(min(tiles * block_kv, n_kv))
+    return rows
+
+
+def fa2_traffic(n_q, n_kv, d, block_q, block_kv, b, causal, causal_variant, write_logsumexp) -> dict:
+    """FA-2: per query tile read Q_i once and every visited K_j, V_j; write O_i once (and L_i)."""
+    kv_rows = sum(kv_rows_visited(n_q, n_kv, block_q, block_kv, causal, causal_variant))
+    ledger = {
+        ("flash2_forward", "Q"): Flow(read_bytes=n_q * d * b),
+        ("flash2_forward", "K"): Flow(read_bytes=kv_rows * d * b),
+        ("flash2_forward", "V"): Flow(read_bytes=kv_rows * d * b),
+        ("flash2_forward", "O"): Flow(write_bytes=n_q * d * b),
+    }
+    if write_logsumexp:
+        ledger["flash2_forward", "L"] = Flow(write_bytes=n_q * STATE_DTYPE.itemsize)
+    return ledger
+
+
+# Closed forms by variant, as the algorithms registry: (n_q, n_kv, d, B_r, B_c, itemsize, causal,
+# causal_variant, write_logsumexp) -> ledger for one head.
+FLASH_TRAFFIC = {
+    "fa2": fa2_traffic,
+}
+
+
+def flash_traffic(
+    n: int, d: int, block_q: int = 128, block_kv: int = 64, dtype: str = "float16", causal: bool = False,
+    variant: str = "fa2", *, n_kv: int | None = None, heads: int = 1, causal_variant: str = "upper_left",
+    write_logsumexp: bool = False,
+) -> Traffic:
+    """Exact HBM bytes of tiled attention, equal to the simulator's ledger for the same configuration."""
+    if variant not in FLASH_TRAFFIC:
+        raise ValueError(f"variant must be one of {sorted(FLASH_TRAFFIC)}, got {variant!r}")
+    n_q, n_kv, d, heads = _sizes(n, d, n_kv, heads)
+    block_q = check_positive_int("block_q", block_q)
+    block_kv = check_positive_int("block_kv", block_kv)
+    b = storage_dtype(dtype).itemsize
+    ledger = FLASH_TRAFFIC[variant](n_q, n_kv, d, block_q, block_kv, b, bool(causal), causal_variant, write_logsumexp)
+    return Traffic(ledger).times(heads)
+
+
+def kv_passes(n: int, block_q: int = 128, block_kv: int = 64, causal: bool = False, *, n_kv: int | None = None,
+              causal_variant: str = "upper_left") -> float:
+    """Complete passes over K/V a tiled forward makes (the seed's 32 unmasked, 16.5 causal)."""
+    n_q, n_kv, _, _ = _sizes(n, 1, n_kv, 1)
+    return sum(kv_rows_visited(n_q, n_kv, block_q, block_kv, bool(causal), causal_variant)) / n_kv

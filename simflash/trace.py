@@ -1,0 +1,136 @@
+"""Per-tile records of the online-softmax state: TileStep, the Trace that holds them, and what to record."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import attrs
+import numpy as np
+
+from simflash.config import MiB, STATE_DTYPE
+
+TRACE_LEVELS = ("none", "stats", "full")  # stats: m, alpha, l; full: plus the accumulator a
+
+# A default trace must stay small whatever N is; larger ones are asked for by naming tiles.
+DEFAULT_TRACE_BUDGET_BYTES = 64 * MiB
+
+
+@attrs.frozen(eq=False)
+class TileStep:
+    """The state of query tile `i` (head `head`) right after KV tile `j` was folded in.
+
+    m, alpha, l are float32 arrays over the tile's rows (global rows `rows`); a is (rows, d), or
+    None in a "stats" trace. `masked` says whether the tile needed element masking.
+    """
+
+    head: int
+    i: int
+    j: int
+    row_start: int
+    masked: bool
+    m: np.ndarray
+    alpha: np.ndarray
+    l: np.ndarray  # noqa: E741 (the paper's symbol)
+    a: np.ndarray | None
+
+    @property
+    def rows(self) -> range:
+        return range(self.row_start, self.row_start + self.m.size)
+
+
+@attrs.frozen(eq=False)
+class Trace(Sequence[TileStep]):
+    """The recorded steps of a run, in execution order, with the run's configuration."""
+
+    level: str = "none"
+    steps: tuple[TileStep, ...] = ()
+    config: Mapping[str, Any] = attrs.field(factory=dict)
+
+    def __getitem__(self, index):  # type: ignore[override]
+        return self.steps[index]
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def __iter__(self) -> Iterator[TileStep]:
+        return iter(self.steps)
+
+    def of_tile(self, i: int, head: int = 0) -> list[TileStep]:
+        """The steps of query tile i, in the order its KV tiles were visited."""
+        return [step for step in self.steps if step.i == i and step.head == head]
+
+
+@attrs.frozen
+class TraceRequest:
+    """What an algorithm records: the level, and which heads and query tiles (None: all)."""
+
+    level: str = "stats"
+    heads: frozenset[int] | None = None
+    tiles: frozenset[int] | None = None
+
+    def records(self, head: int, i: int) -> bool:
+        return (
+            self.level != "none"
+            and (self.heads is None or head in self.heads)
+            and (self.tiles is None or i in self.tiles)
+        )
+
+    def step(self, head, i, j, row_start, masked, m, alpha, l, a) -> TileStep:  # noqa: E741
+        """A snapshot of the live state (copies: the algorithm goes on updating its arrays)."""
+        return TileStep(
+            head=head,
+            i=i,
+            j=j,
+            row_start=row_start,
+            masked=bool(masked),
+            m=m.copy(),
+            alpha=np.asarray(alpha, dtype=STATE_DTYPE).copy(),
+            l=l.copy(),
+            a=a.copy() if self.level == "full" else None,
+        )
+
+
+def _index_set(name: str, values: Iterable[int] | None, count: int) -> frozenset[int] | None:
+    if values is None:
+        return None
+    chosen = frozenset(int(v) for v in values)
+    outside = sorted(v for v in chosen if not 0 <= v < count)
+    if outside:
+        raise ValueError(f"{name} must hold indices in [0, {count}), got {outside}")
+    return chosen
+
+
+def trace_request(
+    level: str,
+    heads: Iterable[int] | None,
+    tiles: Iterable[int] | None,
+    schedule,
+    n_heads: int,
+    d: int,
+    budget_bytes: int = DEFAULT_TRACE_BUDGET_BYTES,
+) -> TraceRequest:
+    """Validate a trace request and refuse one whose recorded state would outgrow `budget_bytes`."""
+    if level not in TRACE_LEVELS:
+        raise ValueError(f"trace must be one of {TRACE_LEVELS}, got {level!r}")
+    request = TraceRequest(
+        level,
+        _index_set("trace_heads", heads, n_heads),
+        _index_set("trace_tiles", tiles, schedule.n_q_tiles),
+    )
+    if level == "none":
+        return request
+    floats_per_row = 3 + (d if level == "full" else 0)
+    tile_ids = range(schedule.n_q_tiles) if request.tiles is None else request.tiles
+    head_count = n_heads if request.heads is None else len(request.heads)
+    rows_recorded = sum(
+        len(schedule.kv_tiles(i)) * (schedule.q_rows(i).stop - schedule.q_rows(i).start) for i in tile_ids
+    )
+    nbytes = head_count * rows_recorded * floats_per_row * STATE_DTYPE.itemsize
+    if nbytes > budget_bytes:
+        raise ValueError(
+            f"a {level!r} trace of every selected tile would hold {nbytes / MiB:.1f} MiB "
+            f"(limit {budget_bytes / MiB:.0f} MiB); pick query tiles with trace_tiles=[...] and heads "
+            f'with trace_heads=[...], or pass trace="none"'
+        )
+    return request
