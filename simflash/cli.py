@@ -1,0 +1,25 @@
+"""The `simflash` command. Each group of subcommands lives in its own module under simflash.commands."""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+app = typer.Typer(
+    name="simflash",
+    help="See where every byte of attention goes: simulate, trace, model and measure FlashAttention.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+# Modules under simflash.commands; each has register(app) adding its commands.
+COMMAND_MODULES = ("run", "bench", "teach", "files", "analysis", "gpu")
+
+for _module in COMMAND_MODULES:
+    importlib.import_module(f"simflash.commands.{_module}").register(app)
+
+
+def main() -> None:
+    app()
