@@ -19,7 +19,7 @@ from simflash.config import (
     storage_dtype,
     DEFAULT_GPU,
 )
-from simflash.memory import HBM, SRAM, Compute, OnChipStats, SimulatedGPU, Traffic
+from simflash.memory import MemoryEvent, OnChipStats, SimulatedGPU, Traffic
 from simflash.schedule import TileSchedule
 from simflash.trace import DEFAULT_TRACE_BUDGET_BYTES, TileStep, Trace, TraceRequest, trace_request
 
@@ -53,6 +53,7 @@ class Run:
     config: RunConfig
     on_chip: OnChipStats | None = None  # peak SRAM and register occupancy (tiled algorithms)
     logsumexp: np.ndarray | None = None  # float32, shape q.shape[:-1], when write_logsumexp=True
+    events: tuple[MemoryEvent, ...] = ()  # every transfer, hold and matmul, when record_events=True
 
 
 def _heads_layout(name: str, x: Any) -> np.ndarray:
@@ -93,9 +94,9 @@ def _prepare(q, k, v, dtype: str, scale: float | None, causal_variant: str):
     return (*stored, float(scale))
 
 
-def _simulated_gpu(gpu: str, sram_bytes: int | None) -> tuple[SimulatedGPU, int]:
+def _simulated_gpu(gpu: str, sram_bytes: int | None, record_events: bool) -> tuple[SimulatedGPU, int]:
     capacity = gpu_spec(gpu).smem_carveout_bytes if sram_bytes is None else check_positive_int("sram_bytes", sram_bytes)
-    return SimulatedGPU(HBM(), SRAM(capacity), Compute()), capacity
+    return SimulatedGPU.build(capacity, record_events), capacity
 
 
 @attrs.define
@@ -111,7 +112,7 @@ class _FlashSetup:
 
 def _flash_setup(
     q, k, v, *, block_q, block_kv, causal, causal_variant, scale, dtype, variant,
-    trace, trace_heads, trace_tiles, trace_budget, write_logsumexp, gpu, sram_bytes,
+    trace, trace_heads, trace_tiles, trace_budget, write_logsumexp, gpu, sram_bytes, record_events,
 ) -> _FlashSetup:
     if variant not in FLASH_ALGORITHMS:
         raise ValueError(f"variant must be one of {sorted(FLASH_ALGORITHMS)}, got {variant!r}")
@@ -121,7 +122,7 @@ def _flash_setup(
     heads, n_q, d = Q.shape
     sched = TileSchedule(n_q, K.shape[1], block_q, block_kv, causal=bool(causal), causal_variant=causal_variant)
     request = trace_request(trace, trace_heads, trace_tiles, sched, heads, d, trace_budget)
-    machine, capacity = _simulated_gpu(gpu, sram_bytes)
+    machine, capacity = _simulated_gpu(gpu, sram_bytes, record_events)
     config = RunConfig(variant, heads, n_q, sched.n_kv, d, dtype, scale, bool(causal), causal_variant,
                        block_q, block_kv, bool(write_logsumexp), gpu, capacity)
     machine.hbm.place("Q", Q, Q.dtype)
@@ -145,6 +146,7 @@ def _flash_steps(setup: _FlashSetup) -> Generator[TileStep, None, Run]:
         config=config,
         on_chip=machine.sram.statistics(),
         logsumexp=machine.hbm.inspect("L").reshape(setup.q_shape[:-1]) if config.write_logsumexp else None,
+        events=tuple(machine.log.events) if machine.log is not None else (),
     )
 
 
@@ -153,20 +155,21 @@ def flash_attention(
     causal_variant: str = "upper_left", scale: float | None = None, dtype: str = "float16",
     variant: str = "fa2", trace: str = "stats", *, trace_heads: Iterable[int] | None = None,
     trace_tiles: Iterable[int] | None = None, write_logsumexp: bool = False,
-    gpu: str = DEFAULT_GPU, sram_bytes: int | None = None,
+    gpu: str = DEFAULT_GPU, sram_bytes: int | None = None, record_events: bool = False,
 ) -> Run:
     """Tiled attention on the simulated GPU. q: (..., n_q, d); k, v: (..., n_kv, d).
 
     trace: "none", "stats" (m, alpha, l per tile) or "full" (plus the accumulator a). By default
     every head and query tile is recorded; a trace that would outgrow 64 MiB is refused rather than
     cut short: name the query tiles (`trace_tiles`) and heads (`trace_heads`) to keep.
-    sram_bytes defaults to the shared-memory carve-out of `gpu`.
+    sram_bytes defaults to the shared-memory carve-out of `gpu`. record_events keeps every
+    transfer, buffer hold and matmul as `run.events` (grows with the number of tiles: small runs).
     """
     setup = _flash_setup(
         q, k, v, block_q=block_q, block_kv=block_kv, causal=causal, causal_variant=causal_variant,
         scale=scale, dtype=dtype, variant=variant, trace=trace, trace_heads=trace_heads,
         trace_tiles=trace_tiles, trace_budget=DEFAULT_TRACE_BUDGET_BYTES,
-        write_logsumexp=write_logsumexp, gpu=gpu, sram_bytes=sram_bytes,
+        write_logsumexp=write_logsumexp, gpu=gpu, sram_bytes=sram_bytes, record_events=record_events,
     )
     steps, run = _exhaust(_flash_steps(setup))
     return attrs.evolve(run, trace=attrs.evolve(run.trace, steps=tuple(steps)))
@@ -188,6 +191,7 @@ def flash_attention_steps(
         q, k, v, block_q=block_q, block_kv=block_kv, causal=causal, causal_variant=causal_variant,
         scale=scale, dtype=dtype, variant=variant, trace="full", trace_heads=trace_heads,
         trace_tiles=trace_tiles, trace_budget=math.inf, write_logsumexp=False, gpu=gpu, sram_bytes=sram_bytes,
+        record_events=False,
     )
     return _flash_steps(setup)
 
@@ -203,15 +207,15 @@ def _exhaust(generator: Generator[TileStep, None, Run]) -> tuple[list[TileStep],
 
 def naive_attention(
     q, k, v, causal: bool = False, causal_variant: str = "upper_left",
-    scale: float | None = None, dtype: str = "float16",
+    scale: float | None = None, dtype: str = "float16", *, record_events: bool = False,
 ) -> Run:
     """The explicit three-kernel baseline on the simulated GPU: S and P materialised in HBM."""
     Q, K, V, scale = _prepare(q, k, v, dtype, scale, causal_variant)
     heads, n_q, d = Q.shape
     n_kv = K.shape[1]
     sched = TileSchedule(n_q, n_kv, n_q, n_kv, causal=bool(causal), causal_variant=causal_variant)
-    hbm = HBM()
-    machine = SimulatedGPU(hbm, SRAM(0), Compute())  # the naive kernels hold no tiles we model
+    machine = SimulatedGPU.build(sram_bytes=0, record_events=record_events)  # naive holds no tiles we model
+    hbm = machine.hbm
     hbm.place("Q", Q, Q.dtype)
     hbm.place("K", K, K.dtype)
     hbm.place("V", V, V.dtype)
@@ -226,4 +230,5 @@ def naive_attention(
         flops=machine.compute.flops,
         trace=Trace("none", (), attrs.asdict(config)),
         config=config,
+        events=tuple(machine.log.events) if machine.log is not None else (),
     )

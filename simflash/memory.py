@@ -23,6 +23,31 @@ class SRAMOverflowError(ValueError):
 
 
 @attrs.frozen
+class MemoryEvent:
+    """One thing the simulated GPU did, in order: the material for timelines (e.g. Perfetto)."""
+
+    seq: int  # logical clock: the event's position in the run
+    kernel: str | None
+    cta: tuple[int, ...]  # the CTA that did it, e.g. (head, query tile); () outside any CTA
+    op: str  # "read" | "write" (HBM), "hold" | "release" (on-chip buffer), "matmul"
+    name: str  # tensor, buffer or product
+    nbytes: int  # bytes moved or held; FLOPs for "matmul"
+    scope: str = "hbm"  # "hbm", "shared memory", "registers" or "compute"
+
+
+@attrs.define
+class EventLog:
+    """Collects MemoryEvents when a run asks for them; knows the current kernel and CTA."""
+
+    events: list[MemoryEvent] = attrs.field(factory=list)
+    kernel: str | None = None
+    cta: tuple[int, ...] = ()
+
+    def add(self, op: str, name: str, nbytes: int, scope: str) -> None:
+        self.events.append(MemoryEvent(len(self.events), self.kernel, self.cta, op, name, nbytes, scope))
+
+
+@attrs.frozen
 class Flow:
     """Bytes moved in each direction between HBM and the chip."""
 
@@ -92,6 +117,7 @@ class HBM:
     _read: dict[LedgerKey, int] = attrs.field(factory=dict)
     _written: dict[LedgerKey, int] = attrs.field(factory=dict)
     _kernel: str | None = None
+    log: EventLog | None = None
 
     def place(self, name: str, values: np.ndarray, dtype: np.dtype) -> None:
         """Put an input in HBM before any kernel runs (rounded to `dtype`; not kernel traffic)."""
@@ -105,10 +131,14 @@ class HBM:
     def kernel(self, name: str) -> Iterator[None]:
         """Attribute the traffic inside the block to kernel `name`."""
         self._kernel = name
+        if self.log is not None:
+            self.log.kernel = name
         try:
             yield
         finally:
             self._kernel = None
+            if self.log is not None:
+                self.log.kernel = None
 
     def read(self, tensor: str, index: tuple = (...,)) -> np.ndarray:
         """Move `tensor[index]` to the chip: counts its bytes, returns a float32 copy."""
@@ -163,6 +193,8 @@ class HBM:
             raise RuntimeError(f"HBM transfer of {tensor!r} outside a kernel: wrap it in `with hbm.kernel(name):`")
         key = (self._kernel, tensor)
         counter[key] = counter.get(key, 0) + nbytes
+        if self.log is not None:
+            self.log.add("read" if counter is self._read else "write", tensor, nbytes, "hbm")
 
 
 def _stored_count(stored: np.ndarray, shape: tuple[int, ...]) -> int:
@@ -186,6 +218,7 @@ class OnChipScope:
 
     name: str
     capacity_bytes: int | None = None
+    log: EventLog | None = None
     _live: dict[str, int] = attrs.field(factory=dict)
     _peak_bytes: int = 0
     _peak_by_buffer: dict[str, int] = attrs.field(factory=dict)
@@ -201,9 +234,13 @@ class OnChipScope:
             )
         self._peak_bytes = max(self._peak_bytes, live_bytes)
         self._peak_by_buffer[buffer] = max(self._peak_by_buffer.get(buffer, 0), nbytes)
+        if self.log is not None:
+            self.log.add("hold", buffer, nbytes, self.name)
 
     def release(self, buffer: str) -> None:
-        del self._live[buffer]
+        nbytes = self._live.pop(buffer)
+        if self.log is not None:
+            self.log.add("release", buffer, nbytes, self.name)
 
     def holds(self, buffer: str) -> bool:
         return buffer in self._live
@@ -227,12 +264,13 @@ class SRAM:
     """On-chip memory of one CTA: shared-memory tiles (capacity-checked) and register-held state."""
 
     capacity_bytes: int
+    log: EventLog | None = None
     shared: OnChipScope = attrs.field(init=False)
     registers: OnChipScope = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        self.shared = OnChipScope("shared memory", self.capacity_bytes)
-        self.registers = OnChipScope("registers")
+        self.shared = OnChipScope("shared memory", self.capacity_bytes, self.log)
+        self.registers = OnChipScope("registers", None, self.log)
 
     def load(self, buffer: str, hbm: HBM, tensor: str, index: tuple) -> np.ndarray:
         """Copy a tile from HBM into shared-memory buffer `buffer`; returns it as float32."""
@@ -267,17 +305,41 @@ class Compute:
     """The chip's arithmetic: matrix products, with their FLOPs (2mnk each) counted as they run."""
 
     flops: int = 0
+    log: EventLog | None = None
 
     def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         product = a @ b
-        self.flops += 2 * product.size * a.shape[-1]
+        flops = 2 * product.size * a.shape[-1]
+        self.flops += flops
+        if self.log is not None:
+            self.log.add("matmul", f"{a.shape} @ {b.shape}", flops, "compute")
         return product
 
 
 @attrs.define
 class SimulatedGPU:
-    """HBM, one CTA's SRAM and the arithmetic units: what an algorithm runs on."""
+    """HBM, one CTA's SRAM and the arithmetic units: what an algorithm runs on.
+
+    With `log`, every transfer, buffer hold/release and matmul is also recorded as a MemoryEvent.
+    """
 
     hbm: HBM
     sram: SRAM
     compute: Compute
+    log: EventLog | None = None
+
+    @classmethod
+    def build(cls, sram_bytes: int, record_events: bool = False) -> SimulatedGPU:
+        log = EventLog() if record_events else None
+        return cls(HBM(log=log), SRAM(sram_bytes, log), Compute(log=log), log)
+
+    @contextlib.contextmanager
+    def cta(self, *index: int) -> Iterator[None]:
+        """Attribute the work inside the block to one CTA (thread block), e.g. (head, query tile)."""
+        if self.log is not None:
+            self.log.cta = index
+        try:
+            yield
+        finally:
+            if self.log is not None:
+                self.log.cta = ()

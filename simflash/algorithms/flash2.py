@@ -8,6 +8,7 @@ tiles that straddle the diagonal are masked before the running max and sum see t
 from __future__ import annotations
 
 from collections.abc import Iterator
+from itertools import product
 
 import numpy as np
 
@@ -29,8 +30,8 @@ def flash2_forward(
     storage = hbm.inspect("Q").dtype  # P_ij enters the second matmul in the storage dtype
 
     with hbm.kernel("flash2_forward"):
-        for h in range(H):
-            for i in range(sched.n_q_tiles):  # one CTA per (head, query tile)
+        for h, i in product(range(H), range(sched.n_q_tiles)):
+            with gpu.cta(h, i):  # one CTA per (head, query tile)
                 rows = sched.q_rows(i)
                 B_r = rows.stop - rows.start
                 recording = trace.records(h, i)
