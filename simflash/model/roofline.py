@@ -1,0 +1,242 @@
+"""Roofline: the arithmetic intensity of attention against each GPU's ridge point.
+
+FLOPs are the two matmuls over the visible score entries, 4 N^2 d per head unmasked (the lecture's
+`attention_flops`; softmax's O(N^2) elementwise work is left out, as there). Bytes come from the
+closed-form traffic model under three intensity models, each describing one memory level:
+
+- naive: the three-kernel baseline; S and P round-trip through DRAM (HBM).
+- fa_compulsory: Q, K, V read once and O written once (the lecture's `flash_attention_bytes`):
+  roughly what DRAM sees when the K/V re-reads of later query tiles hit in L2.
+- fa_tiled: the tiled logical model, K/V re-read per query tile (the seed's 66 MiB): roughly what
+  L2 serves to the SMs.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
+
+import attrs
+
+from simflash.config import GPUS, GPUSpec, check_positive_int, gpu_spec, storage_dtype
+from simflash.memory import Traffic
+from simflash.model.traffic import FLASH_TRAFFIC, flash_traffic, naive_traffic, permitted_entries
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+# Bandwidth of each memory level, from the spec table. L2 figures are estimates (no vendor publishes one).
+MEMORY_LEVELS: dict[str, Callable[[GPUSpec], float]] = {
+    "HBM": lambda spec: spec.hbm_bytes_per_s,
+    "L2": lambda spec: spec.l2_bytes_per_s,
+}
+ESTIMATED_LEVELS = frozenset({"L2"})
+
+SWEEP_N = tuple(2**k for k in range(8, 16))  # 256 .. 32768, the lecture's sweep
+PLOT_N = (1024, 4096, 16384)  # the lecture's markers
+PLOT_SUFFIXES = (".png", ".svg")
+
+
+def attention_flops(n: int, d: int, causal: bool = False, *, heads: int = 1) -> int:
+    """FLOPs of S = Q K^T and O = P V over the visible entries: 4 N^2 d per head unmasked."""
+    n, d, heads = (check_positive_int(name, v) for name, v in (("n", n), ("d", d), ("heads", heads)))
+    return 4 * d * permitted_entries(n, n, bool(causal)) * heads
+
+
+def compulsory_flash_traffic(n: int, d: int, dtype: str = "float16") -> Traffic:
+    """Q, K, V read once and O written once: the tiled model with a single query tile of all N rows."""
+    n = check_positive_int("n", n)
+    return flash_traffic(n, d, block_q=n, block_kv=n, dtype=dtype)
+
+
+@attrs.frozen
+class IntensityModel:
+    """One way of counting attention's bytes, and the memory level that count describes."""
+
+    label: str
+    level: str
+    describes: str
+    traffic: Callable[[int, int, str, int, int, str], Traffic]  # (n, d, dtype, B_r, B_c, variant)
+
+
+INTENSITY_MODELS: dict[str, IntensityModel] = {
+    "naive": IntensityModel(
+        "naive", "HBM", "S and P written to and read back from DRAM (three kernels)",
+        lambda n, d, dtype, block_q, block_kv, variant: naive_traffic(n, d, dtype),
+    ),
+    "fa_compulsory": IntensityModel(
+        "FA compulsory", "HBM", "Q, K, V, O once: what DRAM sees when K/V re-reads hit in L2",
+        lambda n, d, dtype, block_q, block_kv, variant: compulsory_flash_traffic(n, d, dtype),
+    ),
+    "fa_tiled": IntensityModel(
+        "FA tiled logical", "L2", "K/V re-read per query tile: what L2 serves to the SMs",
+        lambda n, d, dtype, block_q, block_kv, variant: flash_traffic(
+            n, d, block_q=block_q, block_kv=block_kv, dtype=dtype, variant=variant),
+    ),
+}
+
+
+@attrs.frozen
+class IntensityRow:
+    """One (N, d) point: FLOPs and the bytes of every intensity model."""
+
+    n: int
+    d: int
+    dtype: str
+    flops: int
+    bytes_by_model: dict[str, int]
+
+    def intensity(self, model: str) -> float:
+        """FLOP per byte under `model`."""
+        return self.flops / self.bytes_by_model[model]
+
+
+def intensity_row(
+    n: int, d: int, dtype: str = "float16", block_q: int = 128, block_kv: int = 64, variant: str = "fa2",
+) -> IntensityRow:
+    """FLOPs and bytes of one unmasked attention head under each model in INTENSITY_MODELS."""
+    if variant not in FLASH_TRAFFIC:
+        raise ValueError(f"variant must be one of {sorted(FLASH_TRAFFIC)}, got {variant!r}")
+    storage_dtype(dtype)
+    return IntensityRow(n, d, dtype, attention_flops(n, d), {
+        name: model.traffic(n, d, dtype, block_q, block_kv, variant).total_bytes
+        for name, model in INTENSITY_MODELS.items()
+    })
+
+
+def intensity_table(
+    ns: Iterable[int] = SWEEP_N, ds: Iterable[int] = (64, 128, 256), dtype: str = "float16",
+    block_q: int = 128, block_kv: int = 64, variant: str = "fa2",
+) -> list[IntensityRow]:
+    """The lecture's table: rows ordered by d, then N."""
+    ds, ns = _values("ds", ds), _values("ns", ns)
+    return [intensity_row(n, d, dtype, block_q, block_kv, variant) for d in ds for n in ns]
+
+
+@attrs.frozen
+class Roof:
+    """A GPU's roofline for one dtype: the compute peak and the bandwidth of each memory level."""
+
+    gpu: str
+    name: str
+    dtype: str
+    peak_flops: float  # FLOP/s
+    bytes_per_s: dict[str, float]  # by memory level
+
+    def ridge(self, level: str = "HBM") -> float:
+        """FLOP per byte at which `level`'s bandwidth roof meets the compute roof."""
+        return self.peak_flops / self.bytes_per_s[level]
+
+    def attainable_flops(self, intensity: float, level: str = "HBM") -> float:
+        """min(peak, I x bandwidth): the most FLOP/s a kernel of this intensity can reach."""
+        return min(self.peak_flops, intensity * self.bytes_per_s[level])
+
+
+def roof(gpu: str = "H200", dtype: str = "float16") -> Roof:
+    spec = gpu_spec(gpu)
+    storage_dtype(dtype)
+    return Roof(gpu, spec.name, dtype, spec.peak_flops[dtype],
+                {level: bandwidth(spec) for level, bandwidth in MEMORY_LEVELS.items()})
+
+
+def gpu_roofs(dtype: str = "float16") -> list[Roof]:
+    """Every GPU in the spec table, in table order."""
+    return [roof(gpu, dtype) for gpu in GPUS]
+
+
+def crossing(points: Sequence[tuple[int, float]], ridge: float) -> str:
+    """Where a sweep of (N, intensity) lies against a ridge, in words."""
+    above = [intensity >= ridge for _, intensity in points]
+    flips = [points[k][0] for k in range(1, len(points)) if above[k] != above[k - 1]]
+    if not flips:
+        return f"stays {'above' if above[0] else 'below'} the ridge across the entire sweep"
+    if len(flips) == 1:
+        return f"crosses {'above' if above[-1] else 'below'} the ridge at N={flips[0]}"
+    return f"crosses the ridge at N={', '.join(map(str, flips))}"
+
+
+def _crossings_by_d(rows: Sequence[IntensityRow], model: str, ridge: float) -> str:
+    """Clauses like 'at d=64, 128 stays below the ridge ...', d values grouped by behaviour."""
+    by_phrase: dict[str, list[int]] = {}
+    for d in dict.fromkeys(row.d for row in rows):
+        points = [(row.n, row.intensity(model)) for row in rows if row.d == d]
+        by_phrase.setdefault(crossing(points, ridge), []).append(d)
+    return "; ".join(f"at d={', '.join(map(str, ds))} {phrase}" for phrase, ds in by_phrase.items())
+
+
+def conclusion(rows: Sequence[IntensityRow], gpu_roof: Roof) -> str:
+    """The lecture's two-sentence "Ship it" conclusion, generated from the numbers."""
+    if any(row.dtype != gpu_roof.dtype for row in rows):
+        raise ValueError(f"rows must be computed in the roof's dtype {gpu_roof.dtype!r}")
+    hbm, l2 = gpu_roof.ridge("HBM"), gpu_roof.ridge("L2")
+    ns = sorted({row.n for row in rows})
+    naive_peak = max(rows, key=lambda row: row.intensity("naive"))
+    first = (
+        f"On {gpu_roof.name} ({gpu_roof.dtype}, HBM ridge {hbm:.0f} FLOP/byte), naive attention "
+        f"{_crossings_by_d(rows, 'naive', hbm)} (N={ns[0]}..{ns[-1]}; its highest intensity is "
+        f"{naive_peak.intensity('naive'):.1f} FLOP/byte, at d={naive_peak.d}, N={naive_peak.n})."
+    )
+    second = (
+        f"FlashAttention by compulsory traffic (DRAM) {_crossings_by_d(rows, 'fa_compulsory', hbm)}, "
+        f"and by tiled logical traffic (L2, estimated L2 ridge {l2:.0f} FLOP/byte) "
+        f"{_crossings_by_d(rows, 'fa_tiled', l2)}."
+    )
+    return f"{first} {second}"
+
+
+def save_figure(fig: Figure, path: str | pathlib.Path) -> pathlib.Path:
+    """Write a figure as PNG or SVG, chosen by the file suffix."""
+    path = pathlib.Path(path)
+    if path.suffix.lower() not in PLOT_SUFFIXES:
+        raise ValueError(f"plot file must end in one of {PLOT_SUFFIXES}, got {str(path)!r}")
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def plot_roofline(
+    path: str | pathlib.Path, gpu: str = "H200", d: int = 128, dtype: str = "float16",
+    ns: Iterable[int] = PLOT_N, block_q: int = 128, block_kv: int = 64, variant: str = "fa2",
+) -> pathlib.Path:
+    """HBM and (estimated) L2 roofs with a marker per intensity model at each N, placed on its level's roof."""
+    from matplotlib.figure import Figure  # plotting only: keeps `import simflash` light
+
+    gpu_roof = roof(gpu, dtype)
+    rows = [intensity_row(n, d, dtype, block_q, block_kv, variant) for n in _values("ns", ns)]
+    intensities = [row.intensity(m) for row in rows for m in INTENSITY_MODELS]
+    ridges = [gpu_roof.ridge(level) for level in MEMORY_LEVELS]
+    lo, hi = min(intensities + ridges) / 4, max(intensities + ridges) * 4
+    grid = [lo * (hi / lo) ** (k / 200) for k in range(201)]
+
+    fig = Figure(figsize=(8, 5.5))
+    ax = fig.add_subplot()
+    for level, style in zip(MEMORY_LEVELS, ("-", "--")):
+        estimate = " (estimate)" if level in ESTIMATED_LEVELS else ""
+        label = (f"{level} roof, {gpu_roof.bytes_per_s[level] / 1e12:g} TB/s{estimate}, "
+                 f"ridge {gpu_roof.ridge(level):.0f} FLOP/byte")
+        ax.plot(grid, [gpu_roof.attainable_flops(i, level) for i in grid], style, color="black", label=label)
+        ax.axvline(gpu_roof.ridge(level), color="grey", linestyle=":", linewidth=0.8)
+    for (name, model), marker in zip(INTENSITY_MODELS.items(), ("o", "s", "^")):
+        xs = [row.intensity(name) for row in rows]
+        ys = [gpu_roof.attainable_flops(x, model.level) for x in xs]
+        ax.scatter(xs, ys, marker=marker, s=60, zorder=3, label=f"{model.label} ({model.level})")
+        for k, (row, x, y) in enumerate(zip(rows, xs, ys)):
+            # Labels of one model's points are staggered away from the roof: the points crowd together.
+            step = -10 if y >= gpu_roof.peak_flops else 10
+            ax.annotate(f"N={row.n}", (x, y), textcoords="offset points", xytext=(8, step * (k + 1)), fontsize=7)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
+    ax.set_ylabel("attainable FLOP/s")
+    ax.set_title(f"{gpu_roof.name}, {dtype}, d={d}: attention on the roofline")
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def _values(name: str, values: Iterable[int]) -> list[int]:
+    values = [check_positive_int(name, v) for v in values]
+    if not values:
+        raise ValueError(f"{name} must hold at least one positive integer")
+    return values
