@@ -14,6 +14,13 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+
+
+@app.callback()
+def _group() -> None:
+    """See where every byte of attention goes: simulate, trace, model and measure FlashAttention."""
+
+
 # Modules under simflash.commands; each has register(app) adding its commands.
 COMMAND_MODULES = ("run", "bench", "teach", "files", "analysis", "gpu")
 

@@ -123,9 +123,12 @@ class HBM:
         """Put an input in HBM before any kernel runs (rounded to `dtype`; not kernel traffic)."""
         self._tensors[name] = np.asarray(values).astype(dtype)
 
-    def allocate(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> None:
-        """Reserve an output tensor, poisoned with NaN so an element no kernel wrote shows up."""
-        self._tensors[name] = np.full(shape, np.nan, dtype=dtype)
+    def allocate(self, name: str, shape: tuple[int, ...], dtype: np.dtype, poison: bool = True) -> None:
+        """Reserve an output tensor, poisoned with NaN so an element no kernel wrote shows up.
+
+        poison=False leaves it uninitialised, for tensors only ever read where they were written.
+        """
+        self._tensors[name] = np.full(shape, np.nan, dtype=dtype) if poison else np.empty(shape, dtype=dtype)
 
     @contextlib.contextmanager
     def kernel(self, name: str) -> Iterator[None]:

@@ -17,21 +17,20 @@ from simflash.config import check_causal_variant, check_positive_int
 TileKind = Literal["full", "masked", "skipped"]
 
 
+def _positive_int(_instance, attribute: attrs.Attribute, value: object) -> None:
+    check_positive_int(attribute.name, value)
+
+
 @attrs.frozen
 class TileSchedule:
     """Query tiles of `block_q` rows x KV tiles of `block_kv` columns; tile indices are 0-based."""
 
-    n_q: int = attrs.field(converter=int)
-    n_kv: int = attrs.field(converter=int)
-    block_q: int = attrs.field(converter=int)
-    block_kv: int = attrs.field(converter=int)
-    causal: bool = False
-    causal_variant: str = "upper_left"
-
-    def __attrs_post_init__(self) -> None:
-        for name in ("n_q", "n_kv", "block_q", "block_kv"):
-            check_positive_int(name, getattr(self, name))
-        check_causal_variant(self.causal_variant)
+    n_q: int = attrs.field(validator=_positive_int)
+    n_kv: int = attrs.field(validator=_positive_int)
+    block_q: int = attrs.field(validator=_positive_int)
+    block_kv: int = attrs.field(validator=_positive_int)
+    causal: bool = attrs.field(default=False, converter=bool)
+    causal_variant: str = attrs.field(default="upper_left", validator=lambda _, __, v: check_causal_variant(v))
 
     @property
     def n_q_tiles(self) -> int:

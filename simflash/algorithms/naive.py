@@ -31,9 +31,9 @@ def naive_forward(gpu: SimulatedGPU, sched: TileSchedule, scale: float) -> None:
         S = hbm.read_where("S", permitted, fill=-np.inf)  # (H, n_q, n_kv)
         m = S.max(axis=-1, keepdims=True)  # (H, n_q, 1)
         # A row with no visible key has m = -inf: exponentiate against 0 so exp(-inf) = 0, not NaN.
-        E = np.exp(S - np.where(m == -np.inf, 0.0, m))  # (H, n_q, n_kv)
-        l = E.sum(axis=-1, keepdims=True)  # noqa: E741  (H, n_q, 1)
-        P = np.divide(E, l, out=np.zeros_like(E), where=l > 0)  # (H, n_q, n_kv)
+        P = np.exp(S - np.where(m == -np.inf, 0.0, m))  # (H, n_q, n_kv)
+        l = P.sum(axis=-1, keepdims=True)  # noqa: E741  (H, n_q, 1)
+        P /= np.where(l > 0, l, 1.0)  # such a row is all zeros: divide by 1 to keep it so
         hbm.write_where("P", P, permitted)
 
     with hbm.kernel("gemm_pv"):

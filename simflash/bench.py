@@ -1,0 +1,119 @@
+"""What the simulator's bookkeeping costs: the simulator against bare NumPy doing the same math.
+
+Ratios are measured in one process, alternating the two sides, median of `repeat` runs each.
+Peak memory is read in a child process (its peak resident set, everything included).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+import simflash as sf
+from simflash.config import STATE_DTYPE, storage_dtype
+
+
+def bare_tiled_attention(Q, K, V, block_q: int, block_kv: int, scale: float) -> np.ndarray:
+    """FA-2's tiled loop in plain NumPy, one head, no causal mask: the simulator's math, no ledger."""
+    storage = Q.dtype
+    n_q, d = Q.shape
+    O = np.empty_like(Q)
+    for r0 in range(0, n_q, block_q):
+        Q_i = Q[r0:r0 + block_q].astype(STATE_DTYPE)
+        m_i = np.full(Q_i.shape[0], -np.inf, dtype=STATE_DTYPE)
+        l_i = np.zeros(Q_i.shape[0], dtype=STATE_DTYPE)
+        a_i = np.zeros((Q_i.shape[0], d), dtype=STATE_DTYPE)
+        for c0 in range(0, K.shape[0], block_kv):
+            K_j = K[c0:c0 + block_kv].astype(STATE_DTYPE)
+            V_j = V[c0:c0 + block_kv].astype(STATE_DTYPE)
+            S_ij = (Q_i @ K_j.T) * scale
+            m_new = np.maximum(m_i, S_ij.max(axis=1))
+            m_base = np.where(m_new == -np.inf, 0.0, m_new)
+            alpha = np.exp(m_i - m_base)
+            P_ij = np.exp(S_ij - m_base[:, None])
+            l_i = alpha * l_i + P_ij.sum(axis=1)
+            a_i = alpha[:, None] * a_i + P_ij.astype(storage).astype(STATE_DTYPE) @ V_j
+            m_i = m_new
+        O[r0:r0 + block_q] = np.divide(a_i, l_i[:, None], out=np.zeros_like(a_i), where=l_i[:, None] > 0)
+    return O
+
+
+def plain_attention(Q, K, V, scale: float) -> np.ndarray:
+    """Attention in plain NumPy with S and P kept in the storage dtype: naive's math, no ledger."""
+    storage = Q.dtype
+    S = (Q.astype(STATE_DTYPE) @ K.astype(STATE_DTYPE).T * scale).astype(storage)
+    S = S.astype(STATE_DTYPE)
+    E = np.exp(S - S.max(axis=-1, keepdims=True))
+    P = (E / E.sum(axis=-1, keepdims=True)).astype(storage)
+    return (P.astype(STATE_DTYPE) @ V.astype(STATE_DTYPE)).astype(storage)
+
+
+def _seconds(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def time_pair(simulated: Callable[[], object], bare: Callable[[], object], repeat: int) -> tuple[float, float]:
+    """Median seconds of each, alternating the two so both see the same machine state."""
+    sim_times, bare_times = [], []
+    for _ in range(repeat):
+        sim_times.append(_seconds(simulated))
+        bare_times.append(_seconds(bare))
+    return statistics.median(sim_times), statistics.median(bare_times)
+
+
+def random_inputs(n: int, d: int, dtype: str, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return tuple(rng.standard_normal((n, d), dtype=np.float32).astype(storage_dtype(dtype)) for _ in range(3))
+
+
+def flash_overhead(n: int = 4096, d: int = 128, dtype: str = "float16", block_q: int = 128,
+                   block_kv: int = 64, repeat: int = 3) -> dict:
+    q, k, v = random_inputs(n, d, dtype)
+    scale = 1 / math.sqrt(d)
+    sim, bare = time_pair(
+        lambda: sf.flash_attention(q, k, v, block_q, block_kv, dtype=dtype, trace="stats"),
+        lambda: bare_tiled_attention(q, k, v, block_q, block_kv, scale),
+        repeat,
+    )
+    return {"what": "FA-2 simulation (trace='stats') vs bare NumPy tiled loop", "n": n, "d": d,
+            "dtype": dtype, "simulated_s": sim, "bare_s": bare, "ratio": sim / bare, "target_ratio": 1.5}
+
+
+def naive_overhead(n: int = 4096, d: int = 128, dtype: str = "float16", repeat: int = 3) -> dict:
+    q, k, v = random_inputs(n, d, dtype)
+    scale = 1 / math.sqrt(d)
+    sim, bare = time_pair(
+        lambda: sf.naive_attention(q, k, v, dtype=dtype),
+        lambda: plain_attention(q, k, v, scale),
+        repeat,
+    )
+    return {"what": "naive simulation vs plain NumPy attention (S, P in the storage dtype)", "n": n,
+            "d": d, "dtype": dtype, "simulated_s": sim, "bare_s": bare, "ratio": sim / bare,
+            "target_ratio": 1.3}
+
+
+def flash_peak_memory(n: int = 32768, d: int = 128, dtype: str = "float16") -> dict:
+    """Peak resident memory of a child process that runs FA-2 with trace='none' at N = n."""
+    code = (
+        "import resource, time, simflash as sf\n"
+        "from simflash.bench import random_inputs\n"
+        f"q, k, v = random_inputs({n}, {d}, {dtype!r})\n"
+        "start = time.perf_counter()\n"
+        f"run = sf.flash_attention(q, k, v, dtype={dtype!r}, trace='none')\n"
+        "peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # Linux: KiB\n"
+        "print(time.perf_counter() - start, run.traffic.total_bytes, peak_kib)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    seconds, total_bytes, peak_kib = done.stdout.split()
+    return {"what": "FA-2 simulation (trace='none') peak resident memory, whole child process",
+            "n": n, "d": d, "dtype": dtype, "peak_rss_mb": int(peak_kib) * 1024 / 1e6,
+            "seconds": float(seconds), "total_bytes": int(total_bytes),
+            "naive_S_would_be_mb": n * n * 4 / 1e6, "target_mb": 250}

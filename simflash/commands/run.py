@@ -1,0 +1,159 @@
+"""`simflash run`: naive vs tiled attention, unmasked and causal, with the measured HBM ledgers."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import attrs
+import numpy as np
+import typer
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+import simflash as sf
+from simflash.commands import make_console
+from simflash.algorithms import FLASH_ALGORITHMS
+from simflash.config import MiB, STORAGE_DTYPES, check_positive_int, storage_dtype
+from simflash.numerics import RELATIVE_TOLERANCE, reference_attention, relative_error, within_tolerance
+
+
+@attrs.frozen
+class Row:
+    """One measured configuration of the comparison table."""
+
+    name: str
+    algorithm: str
+    causal: bool
+    traffic: sf.Traffic
+    baseline_bytes: int  # total bytes of the matched baseline (same masking condition)
+    model_matches: bool  # the closed-form model gives the same ledger, byte for byte
+    error: float | None = None  # relative error vs the float64 reference
+    naive_error: float | None = None  # naive's error in the same dtype and masking condition
+    passed: bool | None = None  # within the storage dtype's tolerance
+
+    @property
+    def reduction(self) -> float:
+        return self.baseline_bytes / self.traffic.total_bytes
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name, "algorithm": self.algorithm, "causal": self.causal,
+            "traffic": self.traffic.to_dict(), "reduction_vs_matched_baseline": self.reduction,
+            "model_matches": self.model_matches, "relative_error": self.error,
+            "naive_relative_error": self.naive_error, "passed": self.passed,
+        }
+
+
+def compare(n: int, d: int, dtype: str, block_q: int, block_kv: int, heads: int, seed: int,
+            progress: Progress | None = None) -> list[Row]:
+    """Run naive and every tiled variant, unmasked then causal, on one set of random inputs."""
+    for name, value in (("n", n), ("d", d), ("heads", heads), ("block_q", block_q), ("block_kv", block_kv)):
+        check_positive_int(name, value)
+    storage_dtype(dtype)
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.standard_normal((heads, n, d)) for _ in range(3))
+    rows: list[Row] = []
+    for causal in (False, True):
+        mask = "causal" if causal else "unmasked"
+        task = progress.add_task(f"{mask}: float64 reference", total=None) if progress else None
+        ref = reference_attention(q, k, v, causal=causal, dtype=dtype)
+
+        def step(label: str) -> None:
+            if progress is not None:
+                progress.update(task, description=f"{mask}: {label}")
+
+        step("naive (3 kernels)")
+        naive = sf.naive_attention(q, k, v, causal=causal, dtype=dtype)
+        naive_error = relative_error(naive.out, ref)
+        baseline = naive.traffic.total_bytes
+        rows.append(Row(
+            f"naive, {mask}", "naive", causal, naive.traffic, baseline,
+            naive.traffic == sf.model.naive_traffic(n, d, dtype, causal, heads=heads),
+            naive_error, naive_error, within_tolerance(naive_error, dtype),
+        ))
+        if causal:
+            idealised = sf.model.idealized_causal_naive_traffic(n, d, dtype, heads=heads)
+            rows.append(Row("naive, causal, idealised N^2/2 (model)", "naive", causal, idealised,
+                            idealised.total_bytes, True))
+        for variant, _ in FLASH_ALGORITHMS.items():
+            step(f"{variant} tiled")
+            run = sf.flash_attention(q, k, v, block_q, block_kv, causal=causal, dtype=dtype,
+                                     variant=variant, trace="none")
+            error = relative_error(run.out, ref)
+            model = sf.model.flash_traffic(n, d, block_q, block_kv, dtype, causal, variant, heads=heads)
+            rows.append(Row(f"{variant}, {mask}", variant, causal, run.traffic, baseline,
+                            run.traffic == model, error, naive_error, within_tolerance(error, dtype)))
+        if progress is not None:
+            progress.update(task, description=f"{mask}: done", completed=1, total=1)
+    return rows
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / MiB:,.2f}"
+
+
+def _print_tables(console, rows: list[Row], n: int, d: int, dtype: str, block_q: int,
+                  block_kv: int, heads: int) -> None:
+    table = Table(title=f"Logical HBM traffic, N={n}, d={d}, {dtype}, B_r={block_q}, B_c={block_kv}, "
+                        f"{heads} head(s) (MiB, measured by the simulator's ledger)")
+    for column in ("configuration", "reads", "writes", "total", "vs matched baseline", "model = sim",
+                   "rel. error", "/ naive's", "check"):
+        table.add_column(column, justify="left" if column == "configuration" else "right")
+    for row in rows:
+        baseline = "causal naive" if row.causal else "naive"
+        reduction = "1.00x (baseline)" if row.algorithm == "naive" else f"{row.reduction:.2f}x vs {baseline}"
+        error = "-" if row.error is None else f"{row.error:.2e}"
+        versus_naive = "-" if row.error is None else f"{row.error / row.naive_error:.2f}x"
+        check = "-" if row.passed is None else ("ok" if row.passed else "FAIL")
+        table.add_row(row.name, _mib(row.traffic.read_bytes), _mib(row.traffic.write_bytes),
+                      _mib(row.traffic.total_bytes), reduction, "yes" if row.model_matches else "NO",
+                      error, versus_naive, check)
+    console.print(table)
+
+    idealised = next(r for r in rows if "idealised" in r.name)
+    for row in rows:
+        if row.causal and row.algorithm != "naive":
+            console.print(f"{row.name}: {idealised.traffic.total_bytes / row.traffic.total_bytes:.2f}x "
+                          f"vs the idealised causal naive ({_mib(idealised.traffic.total_bytes)} MiB)")
+    kernels = Table(title="Naive, unmasked, by kernel (MiB)")
+    for column in ("kernel", "reads", "writes", "total"):
+        kernels.add_column(column, justify="left" if column == "kernel" else "right")
+    for kernel, flow in rows[0].traffic.by_kernel.items():
+        kernels.add_row(kernel, _mib(flow.read_bytes), _mib(flow.write_bytes), _mib(flow.total_bytes))
+    console.print(kernels)
+    console.print(f"rel. error = ||out - ref|| / ||ref|| against float64 attention on the same rounded inputs; "
+                  f"check: within {RELATIVE_TOLERANCE[dtype]:g} for {dtype}")
+    console.print(f"K/V passes per head: unmasked {sf.model.kv_passes(n, block_q, block_kv):g}, "
+                  f"causal {sf.model.kv_passes(n, block_q, block_kv, causal=True):g}")
+
+
+def run(
+    n: Annotated[int, typer.Option(help="Sequence length N (n_q = n_kv).")] = 4096,
+    d: Annotated[int, typer.Option(help="Head dimension.")] = 128,
+    dtype: Annotated[str, typer.Option(help=f"HBM storage dtype: {', '.join(STORAGE_DTYPES)}.")] = "float16",
+    block_q: Annotated[int, typer.Option(help="Query tile rows B_r.")] = 128,
+    block_kv: Annotated[int, typer.Option(help="KV tile rows B_c.")] = 64,
+    heads: Annotated[int, typer.Option(help="Number of heads (traffic sums over heads).")] = 1,
+    seed: Annotated[int, typer.Option(help="Seed of the random inputs.")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
+) -> None:
+    """Run naive and tiled attention (unmasked and causal) and print the seed's traffic table."""
+    console = make_console(stderr=as_json)
+    try:
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                      console=console, transient=True) as progress:
+            rows = compare(n, d, dtype, block_q, block_kv, heads, seed, progress)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+    if as_json:
+        print(json.dumps({"n": n, "d": d, "dtype": dtype, "block_q": block_q, "block_kv": block_kv,
+                          "heads": heads, "seed": seed, "rows": [r.to_dict() for r in rows]}, indent=2))
+    else:
+        _print_tables(console, rows, n, d, dtype, block_q, block_kv, heads)
+    if not all(r.passed is not False and r.model_matches for r in rows):
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("run")(run)

@@ -1,0 +1,50 @@
+"""`simflash run` and `simflash bench` on small sizes (the defaults are the seed's N = 4096)."""
+
+import json
+
+from typer.testing import CliRunner
+
+from simflash.cli import app
+from simflash.config import MiB
+
+runner = CliRunner()
+
+
+def test_run_prints_the_table():
+    result = runner.invoke(app, ["run", "--n", "256", "--d", "32"])
+    assert result.exit_code == 0, result.output
+    assert "naive, unmasked" in result.output and "fa2, causal" in result.output
+    assert "gemm_qk" in result.output and "K/V passes per head: unmasked 2, causal 1.5" in result.output
+
+
+def test_run_json_carries_exact_bytes_and_checks():
+    result = runner.invoke(app, ["run", "--n", "300", "--d", "16", "--block-q", "64", "--block-kv", "48",
+                                 "--heads", "2", "--dtype", "bfloat16", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = {row["name"]: row for row in json.loads(result.stdout)["rows"]}
+    assert all(row["model_matches"] and row["passed"] is not False for row in rows.values())
+    naive = rows["naive, unmasked"]["traffic"]
+    assert naive["total_bytes"] == 2 * (4 * 300 * 16 * 2 + 4 * 300 * 300 * 2)
+    assert rows["fa2, unmasked"]["reduction_vs_matched_baseline"] > 1
+
+
+def test_run_seed_defaults_give_the_seed_numbers():
+    result = runner.invoke(app, ["run", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = {row["name"]: row for row in json.loads(result.stdout)["rows"]}
+    totals = {name: row["traffic"]["total_bytes"] / MiB for name, row in rows.items()}
+    assert totals["naive, unmasked"] == 132 and totals["fa2, unmasked"] == 66 and totals["fa2, causal"] == 35
+    assert totals["naive, causal, idealised N^2/2 (model)"] == 68
+    assert round(rows["fa2, causal"]["reduction_vs_matched_baseline"], 2) == 1.94
+
+
+def flat(text: str) -> str:
+    """The words of a (boxed, wrapped) terminal message."""
+    return " ".join(text.replace("│", " ").split())
+
+
+def test_run_reports_bad_arguments():
+    result = runner.invoke(app, ["run", "--n", "0"])
+    assert result.exit_code != 0 and "n must be a positive integer" in flat(result.output)
+    result = runner.invoke(app, ["run", "--dtype", "float8"])
+    assert result.exit_code != 0 and "dtype must be one of" in flat(result.output)

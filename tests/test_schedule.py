@@ -1,0 +1,94 @@
+"""The tile schedule: skip bound vs mask, the seed's exercise 4, ragged tiles, both causal variants."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import simflash as sf
+
+
+def test_seed_exercise_4_query_tile_5():
+    sched = sf.TileSchedule(4096, 4096, 128, 64, causal=True)
+    i = 4  # the seed's 1-based tile i = 5: rows 513..640
+    assert sched.q_rows(i) == slice(512, 640)
+    assert sched.kv_tiles(i) == list(range(10))  # the seed's j = 1 .. 2i = 10
+    kinds = [sched.tile_kind(i, j) for j in range(sched.n_kv_tiles)]
+    assert kinds[:8] == ["full"] * 8
+    assert kinds[8:10] == ["masked", "masked"]
+    assert set(kinds[10:]) == {"skipped"}
+    # Tile 9 (0-based 8, columns 513..576): triangular for the upper 64 rows, all visible to the lower 64.
+    mask8 = sched.mask(i, 8)
+    assert np.array_equal(mask8[:64], np.tril(np.ones((64, 64), bool))) and mask8[64:].all()
+    # Tile 10 (0-based 9, columns 577..640): nothing for the upper 64 rows, triangular for the lower 64.
+    mask9 = sched.mask(i, 9)
+    assert not mask9[:64].any() and np.array_equal(mask9[64:], np.tril(np.ones((64, 64), bool)))
+
+
+def test_removing_the_mask_changes_the_answer():
+    """Keep the skip bound but drop the mask: the upper rows of a query tile attend to the future."""
+
+    class SkipWithoutMask(sf.TileSchedule):
+        def mask(self, i, j):
+            return np.ones_like(super().mask(i, j))
+
+    from simflash.algorithms.flash2 import flash2_forward
+    from simflash.memory import SimulatedGPU
+    from simflash.trace import TraceRequest
+
+    rng = np.random.default_rng(4)
+    q, k, v = (rng.standard_normal((1, 16, 8)).astype(np.float32) for _ in range(3))
+    outputs = []
+    for schedule_type in (sf.TileSchedule, SkipWithoutMask):
+        gpu = SimulatedGPU.build(sram_bytes=1 << 20)
+        for name, x in (("Q", q), ("K", k), ("V", v)):
+            gpu.hbm.place(name, x, np.float32)
+        gpu.hbm.allocate("O", q.shape, np.float32)
+        sched = schedule_type(16, 16, 4, 2, causal=True)
+        list(flash2_forward(gpu, sched, 8**-0.5, TraceRequest("none")))
+        outputs.append(gpu.hbm.inspect("O").copy())
+    masked, unmasked = outputs
+    reference = sf.flash_attention(q, k, v, 4, 2, causal=True, dtype="float32").out
+    np.testing.assert_array_equal(masked, reference)
+    assert np.abs(masked - unmasked).max() > 1e-2
+    # The bytes are the same: the mask changes the answer, not the cost.
+
+
+@settings(max_examples=60, deadline=None)
+@given(n_q=st.integers(1, 40), n_kv=st.integers(1, 40), block_q=st.integers(1, 12), block_kv=st.integers(1, 12),
+       causal=st.booleans(), variant=st.sampled_from(["upper_left", "lower_right"]))
+def test_schedule_agrees_with_the_element_mask(n_q, n_kv, block_q, block_kv, causal, variant):
+    sched = sf.TileSchedule(n_q, n_kv, block_q, block_kv, causal, variant)
+    full_mask = sf.TileSchedule(n_q, n_kv, n_q, n_kv, causal, variant).mask(0, 0)
+    assert sched.n_q_tiles * block_q >= n_q > (sched.n_q_tiles - 1) * block_q
+    for i in range(sched.n_q_tiles):
+        visited = set(sched.kv_tiles(i))
+        for j in range(sched.n_kv_tiles):
+            tile = full_mask[sched.q_rows(i), sched.kv_cols(j)]
+            kind = sched.tile_kind(i, j)
+            assert (j in visited) == (kind != "skipped")
+            assert kind == ("skipped" if not tile.any() else "full" if tile.all() else "masked")
+            if kind != "skipped":
+                assert np.array_equal(sched.mask(i, j), tile)
+
+
+def test_either_block_may_be_larger():
+    sched = sf.TileSchedule(100, 100, 16, 64, causal=True)
+    assert sched.kv_tiles(0) == [0] and sched.tile_kind(0, 0) == "masked"
+    assert sched.kv_tiles(6) == [0, 1]  # rows 96..99 see columns up to 99
+    assert sched.kind_map().shape == (7, 2)
+
+
+@pytest.mark.parametrize("args, name", [((0, 4, 2, 2), "n_q"), ((4, 4, 2, -2), "block_kv"), ((4, 4.5, 2, 2), "n_kv")])
+def test_schedule_rejects_bad_sizes(args, name):
+    with pytest.raises(ValueError, match=name):
+        sf.TileSchedule(*args)
+
+
+def test_schedule_rejects_unknown_causal_variant():
+    with pytest.raises(ValueError, match="causal_variant"):
+        sf.TileSchedule(4, 4, 2, 2, causal=True, causal_variant="bottom_right")
+
+
+def test_tile_kind_outside_the_grid():
+    with pytest.raises(IndexError, match="outside"):
+        sf.TileSchedule(4, 4, 2, 2).tile_kind(2, 0)

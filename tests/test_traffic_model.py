@@ -1,0 +1,113 @@
+"""Byte counts: simulation == closed form == the seed's hand-derived numbers, exactly."""
+
+import numpy as np
+import pytest
+
+import simflash as sf
+from simflash.config import MiB
+
+N, D = 4096, 128  # the seed's configuration: fp16, B_r = 128, B_c = 64
+
+
+def seed_inputs(heads=1, n=N, d=D, seed=0):
+    rng = np.random.default_rng(seed)
+    return tuple(rng.standard_normal((heads, n, d), dtype=np.float32) for _ in range(3))
+
+
+@pytest.fixture(scope="module")
+def seed_runs():
+    q, k, v = seed_inputs()
+    return {
+        ("naive", False): sf.naive_attention(q, k, v),
+        ("naive", True): sf.naive_attention(q, k, v, causal=True),
+        ("fa2", False): sf.flash_attention(q, k, v, trace="none"),
+        ("fa2", True): sf.flash_attention(q, k, v, causal=True, trace="none"),
+    }
+
+
+def test_naive_unmasked_matches_seed_section_1_1(seed_runs):
+    traffic = seed_runs["naive", False].traffic
+    assert (traffic.read_bytes, traffic.write_bytes, traffic.total_bytes) == (70_254_592, 68_157_440, 138_412_032)
+    assert traffic.total_bytes == 132 * MiB
+    by_kernel = {k: f.total_bytes for k, f in traffic.by_kernel.items()}
+    assert by_kernel == {"gemm_qk": 34 * MiB, "softmax": 64 * MiB, "gemm_pv": 34 * MiB}
+    assert traffic.by_tensor["S"] == sf.Flow(read_bytes=32 * MiB, write_bytes=32 * MiB)
+    assert traffic == sf.model.naive_traffic(N, D)
+
+
+def test_fa2_unmasked_matches_seed_section_4_1(seed_runs):
+    traffic = seed_runs["fa2", False].traffic
+    assert (traffic.read_bytes, traffic.write_bytes) == (65 * MiB, 1 * MiB)
+    assert traffic.total_bytes == 69_206_016 == 66 * MiB
+    assert traffic.by_tensor["K"].read_bytes == traffic.by_tensor["V"].read_bytes == 32 * MiB
+    assert "S" not in traffic.by_tensor and "P" not in traffic.by_tensor  # never in HBM: zero bytes
+    assert traffic == sf.model.flash_traffic(N, D)
+    assert seed_runs["naive", False].traffic.total_bytes / traffic.total_bytes == 2.0
+
+
+def test_fa2_causal_matches_seed_section_4_2(seed_runs):
+    traffic = seed_runs["fa2", True].traffic
+    assert traffic.total_bytes == 36_700_160 == 35 * MiB
+    assert (traffic.read_bytes, traffic.write_bytes) == (34 * MiB, 1 * MiB)
+    assert sf.model.kv_passes(N, causal=True) == 16.5 and sf.model.kv_passes(N) == 32
+    assert traffic == sf.model.flash_traffic(N, D, causal=True)
+
+
+def test_causal_naive_exact_and_idealised(seed_runs):
+    exact = seed_runs["naive", True].traffic
+    assert exact == sf.model.naive_traffic(N, D, causal=True)
+    triangle = N * (N + 1) // 2 * 2  # permitted entries (diagonal included) x 2 bytes
+    assert exact.by_tensor["S"] == sf.Flow(read_bytes=triangle, write_bytes=triangle)
+    idealised = sf.model.idealized_causal_naive_traffic(N, D)
+    assert (idealised.read_bytes, idealised.write_bytes, idealised.total_bytes) == (35 * MiB, 33 * MiB, 68 * MiB)
+    assert exact.total_bytes - idealised.total_bytes == 4 * (triangle - N * N)  # the diagonal, 4 crossings
+    assert round(idealised.total_bytes / seed_runs["fa2", True].traffic.total_bytes, 2) == 1.94
+
+
+def test_heads_multiply_traffic():
+    q, k, v = seed_inputs(heads=3, n=100, d=16)
+    run = sf.flash_attention(q, k, v, block_q=32, block_kv=16, trace="none")
+    assert run.traffic == sf.model.flash_traffic(100, 16, 32, 16).times(3)
+    assert run.traffic == sf.model.flash_traffic(100, 16, 32, 16, heads=3)
+
+
+def test_logsumexp_write_adds_4_bytes_per_row():
+    q, k, v = seed_inputs(n=256, d=32)
+    plain = sf.flash_attention(q, k, v, trace="none")
+    with_lse = sf.flash_attention(q, k, v, trace="none", write_logsumexp=True)
+    assert with_lse.traffic.total_bytes - plain.traffic.total_bytes == 256 * 4
+    assert with_lse.traffic == sf.model.flash_traffic(256, 32, write_logsumexp=True)
+    ref = np.log(np.exp((q[0].astype(np.float16).astype(np.float64) @ k[0].astype(np.float16).astype(np.float64).T)
+                        / np.sqrt(32)).sum(axis=1))
+    np.testing.assert_allclose(with_lse.logsumexp[0], ref, rtol=1e-5)
+
+
+def test_model_is_instant_at_a_million_tokens():
+    import time
+
+    start = time.perf_counter()
+    traffic = sf.model.flash_traffic(2**20, 128, causal=True)
+    naive = sf.model.naive_traffic(2**20, 128, causal=True, causal_variant="lower_right")
+    assert time.perf_counter() - start < 1.0
+    t_r = 2**20 // 128
+    kv_tiles = sum(2 * (i + 1) for i in range(t_r))  # tile i visits 2(i+1) KV tiles of 64 rows
+    assert traffic.by_tensor["K"].read_bytes == kv_tiles * 64 * 128 * 2
+    assert naive.by_tensor["S"].write_bytes == 2**20 * (2**20 + 1) // 2 * 2
+
+
+@pytest.mark.parametrize("n_q, n_kv, variant", [(7, 7, "upper_left"), (5, 9, "upper_left"), (9, 5, "upper_left"),
+                                               (5, 9, "lower_right"), (9, 5, "lower_right"), (1, 1, "lower_right")])
+def test_permitted_entries_match_a_brute_force_mask(n_q, n_kv, variant):
+    mask = sf.TileSchedule(n_q, n_kv, n_q, n_kv, causal=True, causal_variant=variant).mask(0, 0)
+    rows, cols = np.indices((n_q, n_kv))
+    offset = 0 if variant == "upper_left" else n_kv - n_q
+    assert np.array_equal(mask, cols <= rows + offset)
+    assert sf.model.permitted_entries(n_q, n_kv, True, variant) == mask.sum()
+
+
+@pytest.mark.parametrize("bad", [dict(n=0), dict(d=-1), dict(dtype="float8"), dict(variant="fa3"),
+                                 dict(block_q=0), dict(causal_variant="diagonal")])
+def test_model_rejects_bad_arguments(bad):
+    args = dict(n=64, d=16) | bad
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        sf.model.flash_traffic(**args)
