@@ -1,6 +1,10 @@
-"""Closed-form models and analysis: traffic, Amdahl (roofline and footprint live beside them)."""
+"""Closed-form models and analysis: traffic, roofline, Amdahl, latency attribution, footprint, sweeps."""
 
-from simflash.model.amdahl import amdahl
+from simflash.model.amdahl import amdahl, attention_flop_share, project, sensitivity
+from simflash.model.footprint import fused_footprints, intermediate_footprints, short_sequence
+from simflash.model.report import attribute, load_scenario, parse_scenario, render_report
+from simflash.model.roofline import INTENSITY_MODELS, attention_flops, conclusion, intensity_table, roof
+from simflash.model.sweep import fa1_tile_sizes, traffic_vs_n, traffic_vs_sram
 from simflash.model.traffic import (
     FLASH_TRAFFIC,
     flash_traffic,
@@ -11,6 +15,9 @@ from simflash.model.traffic import (
 )
 
 __all__ = [
-    "FLASH_TRAFFIC", "amdahl", "flash_traffic", "idealized_causal_naive_traffic", "kv_passes",
-    "naive_traffic", "permitted_entries",
+    "FLASH_TRAFFIC", "INTENSITY_MODELS", "amdahl", "attention_flop_share", "attention_flops", "attribute",
+    "conclusion", "fa1_tile_sizes", "flash_traffic", "fused_footprints", "idealized_causal_naive_traffic",
+    "intensity_table", "intermediate_footprints", "kv_passes", "load_scenario", "naive_traffic", "parse_scenario",
+    "permitted_entries", "project", "render_report", "roof", "sensitivity", "short_sequence", "traffic_vs_n",
+    "traffic_vs_sram",
 ]

@@ -110,7 +110,7 @@ def intensity_table(
     block_q: int = 128, block_kv: int = 64, variant: str = "fa2",
 ) -> list[IntensityRow]:
     """The lecture's table: rows ordered by d, then N."""
-    ds, ns = _values("ds", ds), _values("ns", ns)
+    ds, ns = positive_ints("ds", ds), positive_ints("ns", ns)
     return [intensity_row(n, d, dtype, block_q, block_kv, variant) for d in ds for n in ns]
 
 
@@ -156,7 +156,7 @@ def crossing(points: Sequence[tuple[int, float]], ridge: float) -> str:
     return f"crosses the ridge at N={', '.join(map(str, flips))}"
 
 
-def _crossings_by_d(rows: Sequence[IntensityRow], model: str, ridge: float) -> str:
+def crossings_by_d(rows: Sequence[IntensityRow], model: str, ridge: float) -> str:
     """Clauses like 'at d=64, 128 stays below the ridge ...', d values grouped by behaviour."""
     by_phrase: dict[str, list[int]] = {}
     for d in dict.fromkeys(row.d for row in rows):
@@ -174,13 +174,13 @@ def conclusion(rows: Sequence[IntensityRow], gpu_roof: Roof) -> str:
     naive_peak = max(rows, key=lambda row: row.intensity("naive"))
     first = (
         f"On {gpu_roof.name} ({gpu_roof.dtype}, HBM ridge {hbm:.0f} FLOP/byte), naive attention "
-        f"{_crossings_by_d(rows, 'naive', hbm)} (N={ns[0]}..{ns[-1]}; its highest intensity is "
+        f"{crossings_by_d(rows, 'naive', hbm)} (N={ns[0]}..{ns[-1]}; its highest intensity is "
         f"{naive_peak.intensity('naive'):.1f} FLOP/byte, at d={naive_peak.d}, N={naive_peak.n})."
     )
     second = (
-        f"FlashAttention by compulsory traffic (DRAM) {_crossings_by_d(rows, 'fa_compulsory', hbm)}, "
+        f"FlashAttention by compulsory traffic (DRAM) {crossings_by_d(rows, 'fa_compulsory', hbm)}, "
         f"and by tiled logical traffic (L2, estimated L2 ridge {l2:.0f} FLOP/byte) "
-        f"{_crossings_by_d(rows, 'fa_tiled', l2)}."
+        f"{crossings_by_d(rows, 'fa_tiled', l2)}."
     )
     return f"{first} {second}"
 
@@ -202,7 +202,7 @@ def plot_roofline(
     from matplotlib.figure import Figure  # plotting only: keeps `import simflash` light
 
     gpu_roof = roof(gpu, dtype)
-    rows = [intensity_row(n, d, dtype, block_q, block_kv, variant) for n in _values("ns", ns)]
+    rows = [intensity_row(n, d, dtype, block_q, block_kv, variant) for n in positive_ints("ns", ns)]
     intensities = [row.intensity(m) for row in rows for m in INTENSITY_MODELS]
     ridges = [gpu_roof.ridge(level) for level in MEMORY_LEVELS]
     lo, hi = min(intensities + ridges) / 4, max(intensities + ridges) * 4
@@ -235,7 +235,8 @@ def plot_roofline(
     return save_figure(fig, path)
 
 
-def _values(name: str, values: Iterable[int]) -> list[int]:
+def positive_ints(name: str, values: Iterable[int]) -> list[int]:
+    """A non-empty list of positive integers, or a ValueError naming the argument."""
     values = [check_positive_int(name, v) for v in values]
     if not values:
         raise ValueError(f"{name} must hold at least one positive integer")
