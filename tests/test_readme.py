@@ -1,0 +1,27 @@
+"""The README's commands and Python example stay true."""
+
+import re
+import shlex
+from pathlib import Path
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def blocks(language: str) -> list[str]:
+    return re.findall(rf"^```{language}\n(.*?)^```", README.read_text(), flags=re.S | re.M)
+
+
+def test_readme_opens_with_the_two_commands():
+    first = blocks("console")[0].splitlines()
+    assert README.read_text().index("```console") < README.read_text().index("\n## ")
+    assert len(first) == 2
+    run, test = (shlex.split(line.replace("&&", " && ")) for line in first)
+    assert run[-1] == "run" and run[-2].endswith("simflash")
+    assert test[-1].endswith("pytest") and "'.[test]'" in first[1]
+
+
+def test_readme_python_example_runs():
+    namespace: dict = {}
+    for code in blocks("python"):
+        exec(compile(code, str(README), "exec"), namespace)
+    assert namespace["run"].traffic.total_bytes > 0
