@@ -12,12 +12,13 @@ import numpy as np
 from simflash.algorithms import FLASH_ALGORITHMS
 from simflash.algorithms.naive import naive_forward
 from simflash.config import (
+    DEFAULT_GPU,
     STATE_DTYPE,
+    STORAGE_DTYPES,
     check_causal_variant,
     check_positive_int,
     gpu_spec,
     storage_dtype,
-    DEFAULT_GPU,
 )
 from simflash.memory import MemoryEvent, OnChipStats, SimulatedGPU, Traffic
 from simflash.schedule import TileSchedule
@@ -26,6 +27,8 @@ from simflash.trace import DEFAULT_TRACE_BUDGET_BYTES, TileStep, Trace, TraceReq
 
 @attrs.frozen
 class RunConfig:
+    """How a run was configured (tile sizes, GPU and SRAM only for tiled runs)."""
+
     algorithm: str
     heads: int
     n_q: int
@@ -60,7 +63,7 @@ def _heads_layout(name: str, x: Any) -> np.ndarray:
     array = np.asarray(x)
     if array.ndim < 2:
         raise ValueError(f"{name} must have shape (..., n, d) with at least 2 dimensions, got shape {array.shape}")
-    if not np.issubdtype(array.dtype, np.floating) and not np.issubdtype(array.dtype, np.integer):
+    if array.dtype.kind not in "fiu" and array.dtype not in STORAGE_DTYPES.values():  # bfloat16 is kind "V"
         raise ValueError(f"{name} must hold real numbers, got dtype {array.dtype}")
     if 0 in array.shape:
         raise ValueError(f"{name} must have positive sizes, got shape {array.shape}")

@@ -71,6 +71,14 @@ class TestBadInputs:
             attention(q.astype(str), k, v)
 
 
+def test_bfloat16_inputs_are_accepted(qkv):
+    import ml_dtypes
+
+    q, k, v = (x.astype(ml_dtypes.bfloat16) for x in qkv)
+    run = sf.flash_attention(q, k, v, dtype="bfloat16")
+    np.testing.assert_array_equal(run.out, sf.flash_attention(*qkv, dtype="bfloat16").out)
+
+
 def test_unknown_variant(qkv):
     with pytest.raises(ValueError, match="variant must be one of"):
         sf.flash_attention(*qkv, variant="fa3")
