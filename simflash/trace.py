@@ -60,6 +60,20 @@ class Trace(Sequence[TileStep]):
         """The steps of query tile i, in the order its KV tiles were visited."""
         return [step for step in self.steps if step.i == i and step.head == head]
 
+    def save(self, path, format: str | None = None, *, events=()):
+        """Write the trace by suffix: .json (readable), .npz (arrays), .perfetto.json (a timeline
+        drawn from `events`, a run's `run.events`). See simflash.trace_io."""
+        from simflash import trace_io  # trace_io builds on this module
+
+        return trace_io.save(self, path, format, events=events)
+
+    @classmethod
+    def load(cls, path, format: str | None = None) -> Trace:
+        """Read a trace written by `save` as .json or .npz."""
+        from simflash import trace_io
+
+        return trace_io.load(path, format)
+
 
 @attrs.frozen
 class TraceRequest:

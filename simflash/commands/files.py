@@ -1,7 +1,181 @@
-"""Commands: placeholder until this group lands."""
+"""Commands that write files: `golden` (the golden traces), `export` (a run's trace as JSON, NPZ or a
+Perfetto timeline) and `plot` (tilemap, stats, traffic pictures)."""
 
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
 import typer
+from rich.console import Console
+
+import simflash as sf
+from simflash import plots, trace_io
+from simflash.algorithms import FLASH_ALGORITHMS
+from simflash.config import CAUSAL_VARIANTS, STORAGE_DTYPES
+
+ALGORITHMS = ("naive", *FLASH_ALGORITHMS)
+
+console = Console()
+
+# Options shared by the commands that run a configuration on random inputs.
+N = Annotated[int, typer.Option(help="Query rows n_q (and keys, unless --n-kv).")]
+N_KV = Annotated[int | None, typer.Option(help="Keys n_kv (default: --n).")]
+D = Annotated[int, typer.Option(help="Head dimension d.")]
+BLOCK_Q = Annotated[int, typer.Option(help="Query tile rows B_r.")]
+BLOCK_KV = Annotated[int, typer.Option(help="KV tile rows B_c.")]
+CAUSAL = Annotated[bool, typer.Option(help="Causal masking.")]
+CAUSAL_VARIANT = Annotated[str, typer.Option(help=f"Causal diagonal when n_q != n_kv: {', '.join(CAUSAL_VARIANTS)}.")]
+DTYPE = Annotated[str, typer.Option(help=f"HBM storage dtype: {', '.join(STORAGE_DTYPES)}.")]
+SEED = Annotated[int, typer.Option(help="Seed of the random inputs (standard normal).")]
+OUT = Annotated[Path, typer.Option("--out", "-o", help="File to write.")]
+
+
+def random_inputs(n: int, n_kv: int | None, d: int, heads: int, seed: int) -> tuple[np.ndarray, ...]:
+    """Standard-normal Q (heads, n, d), K and V (heads, n_kv, d) from one seed."""
+    sizes = {"n": n, "d": d, "heads": heads} | ({} if n_kv is None else {"n_kv": n_kv})
+    for name, value in sizes.items():
+        if value <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {value}")
+    rng = np.random.default_rng(seed)
+    n_kv = n if n_kv is None else n_kv
+    return rng.standard_normal((heads, n, d)), rng.standard_normal((heads, n_kv, d)), rng.standard_normal((heads, n_kv, d))
+
+
+def _bad(error: ValueError) -> typer.BadParameter:
+    return typer.BadParameter(str(error))
+
+
+def golden(
+    check: Annotated[bool, typer.Option("--check", help="Compare the files with what the code produces; "
+                                                       "write nothing; exit 1 on any difference.")] = False,
+    directory: Annotated[Path, typer.Option("--dir", help="Directory of the golden traces.")] = Path("traces"),
+) -> None:
+    """Regenerate (or --check) the golden traces: every golden case under every tiled variant."""
+    if check:
+        problems = trace_io.check_golden(directory)
+        for problem in problems:
+            console.print(f"[red]differs[/red] {problem}")
+        if problems:
+            console.print(f"{len(problems)} problem(s); regenerate with `simflash golden --dir {directory}` "
+                          "once the change is intended")
+            raise typer.Exit(1)
+        console.print(f"golden traces in {directory} match the code "
+                      f"({len(trace_io.GOLDEN_CASES)} cases x {len(FLASH_ALGORITHMS)} variants)")
+        return
+    for path in trace_io.write_golden(directory):
+        console.print(f"wrote {path} ({path.stat().st_size:,} bytes)")
+
+
+def export(
+    out: OUT,
+    algorithm: Annotated[str, typer.Option(help=f"Algorithm: {', '.join(ALGORITHMS)}.")] = "fa2",
+    file_format: Annotated[str | None, typer.Option("--format", help=f"File format: {', '.join(trace_io.FORMATS)} "
+                                                    "(default: from the suffix).")] = None,
+    n: N = 64, n_kv: N_KV = None, d: D = 16, heads: Annotated[int, typer.Option(help="Heads.")] = 1,
+    block_q: BLOCK_Q = 16, block_kv: BLOCK_KV = 16, causal: CAUSAL = False,
+    causal_variant: CAUSAL_VARIANT = "upper_left", dtype: DTYPE = "float16", seed: SEED = 0,
+    level: Annotated[str, typer.Option(help="Trace level for .json/.npz: stats or full.")] = "full",
+) -> None:
+    """Run one configuration on random inputs and write its trace (.json, .npz) or timeline (.perfetto.json)."""
+    try:
+        kind = trace_io.format_for(out, file_format)
+        if algorithm not in ALGORITHMS:
+            raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+        q, k, v = random_inputs(n, n_kv, d, heads, seed)
+        common = {"causal": causal, "causal_variant": causal_variant, "dtype": dtype, "record_events": kind == "perfetto"}
+        if algorithm == "naive":
+            run = sf.naive_attention(q, k, v, **common)
+        else:
+            run = sf.flash_attention(q, k, v, block_q, block_kv, variant=algorithm, trace=level, **common)
+        path = run.trace.save(out, kind, events=run.events)
+    except ValueError as error:
+        raise _bad(error) from None
+    what = f"{len(run.events):,} events" if kind == "perfetto" else f"{len(run.trace):,} tile steps"
+    console.print(f"wrote {path} ({kind}, {what}, {path.stat().st_size:,} bytes)")
+
+
+plot_app = typer.Typer(help="Draw pictures (PNG or SVG by the --out suffix).", no_args_is_help=True)
+
+
+@plot_app.command("tilemap")
+def plot_tilemap(
+    out: OUT = Path("tilemap.png"), n: N = 16, n_kv: N_KV = None, block_q: BLOCK_Q = 4, block_kv: BLOCK_KV = 2,
+    causal: CAUSAL = True, causal_variant: CAUSAL_VARIANT = "upper_left",
+) -> None:
+    """The tile map: which (i, j) tiles are full, masked (straddle the diagonal) or skipped."""
+    try:
+        schedule = sf.TileSchedule(n, n if n_kv is None else n_kv, block_q, block_kv, causal=causal,
+                                   causal_variant=causal_variant)
+        path = plots.tile_map(schedule, out)
+    except ValueError as error:
+        raise _bad(error) from None
+    console.print(f"wrote {path}")
+
+
+@plot_app.command("stats")
+def plot_stats(
+    out: OUT = Path("stats.png"),
+    rows: Annotated[str, typer.Option(help="Query rows to draw, comma-separated (default: first and last).")] = "",
+    trace_file: Annotated[Path | None, typer.Option("--trace", help="Draw from a saved .json/.npz trace "
+                                                    "instead of running.")] = None,
+    head: Annotated[int, typer.Option(help="Head to draw.")] = 0,
+    variant: Annotated[str, typer.Option(help=f"Tiled variant: {', '.join(FLASH_ALGORITHMS)}.")] = "fa2",
+    n: N = 16, n_kv: N_KV = None, d: D = 4, block_q: BLOCK_Q = 4, block_kv: BLOCK_KV = 2, causal: CAUSAL = True,
+    causal_variant: CAUSAL_VARIANT = "upper_left", dtype: DTYPE = "float32", seed: SEED = 0,
+) -> None:
+    """m, alpha and l of chosen query rows across the KV tiles (from a run, or a saved trace)."""
+    try:
+        if trace_file is not None:
+            trace = sf.Trace.load(trace_file)
+        else:
+            q, k, v = random_inputs(n, n_kv, d, 1, seed)
+            trace = sf.flash_attention(q, k, v, block_q, block_kv, causal=causal, causal_variant=causal_variant,
+                                       dtype=dtype, variant=variant, trace="stats").trace
+        chosen = _row_list(rows, trace)
+        path = plots.tile_stats(trace, chosen, out, head=head)
+    except ValueError as error:
+        raise _bad(error) from None
+    console.print(f"wrote {path} (rows {', '.join(map(str, chosen))})")
+
+
+def _row_list(text: str, trace: sf.Trace) -> list[int]:
+    if not text.strip():
+        recorded = sorted({row for step in trace for row in step.rows})
+        if not recorded:
+            raise ValueError("the trace has no steps to draw")
+        return sorted({recorded[0], recorded[-1]})
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise ValueError(f"rows must be comma-separated integers such as 0,5, got {text!r}") from None
+
+
+@plot_app.command("traffic")
+def plot_traffic(
+    out: OUT = Path("traffic.png"), n: N = 256, n_kv: N_KV = None, d: D = 32, block_q: BLOCK_Q = 64,
+    block_kv: BLOCK_KV = 32, causal: CAUSAL = False, causal_variant: CAUSAL_VARIANT = "upper_left",
+    dtype: DTYPE = "float16", seed: SEED = 0,
+) -> None:
+    """Cumulative HBM bytes by tensor over the run: naive next to every tiled variant."""
+    try:
+        q, k, v = random_inputs(n, n_kv, d, 1, seed)
+        common = {"causal": causal, "causal_variant": causal_variant, "dtype": dtype, "record_events": True}
+        runs = {"naive": sf.naive_attention(q, k, v, **common).events}
+        for variant in FLASH_ALGORITHMS:
+            runs[variant] = sf.flash_attention(q, k, v, block_q, block_kv, variant=variant, trace="none",
+                                               **common).events
+        mask = f"causal {causal_variant}" if causal else "unmasked"
+        title = f"n_q={n}, n_kv={n if n_kv is None else n_kv}, d={d}, {dtype}, B_r={block_q}, B_c={block_kv}, {mask}"
+        path = plots.traffic_over_run(runs, out, title=title)
+    except ValueError as error:
+        raise _bad(error) from None
+    console.print(f"wrote {path}")
 
 
 def register(app: typer.Typer) -> None:
-    """Add this group's commands to the simflash app."""
+    """Add golden, export and plot to the simflash app."""
+    app.command("golden")(golden)
+    app.command("export")(export)
+    app.add_typer(plot_app, name="plot")
