@@ -117,3 +117,32 @@ def kv_passes(n: int, block_q: int = 128, block_kv: int = 64, causal: bool = Fal
     """Complete passes over K/V a tiled forward makes (the seed's 32 unmasked, 16.5 causal)."""
     n_q, n_kv, _, _ = _sizes(n, 1, n_kv, 1)
     return sum(kv_rows_visited(n_q, n_kv, block_q, block_kv, bool(causal), causal_variant)) / n_kv
+
+
+def fa1_traffic(n_q, n_kv, d, block_q, block_kv, b, causal, causal_variant, write_logsumexp) -> dict:
+    """FA-1: initialise O, l, m in HBM; read each KV tile that some query tile visits once; for every
+    visited (j, i) read Q_i, O_i, l_i, m_i and write O_i, l_i, m_i back (l and m in float32).
+
+    With write_logsumexp, an epilogue reads the final l and m once and writes L = m + log l.
+    """
+    s = STATE_DTYPE.itemsize
+    kv_rows = kv_rows_visited(n_q, n_kv, block_q, block_kv, causal, causal_variant)
+    kv_tiles = [-(-rows // block_kv) for rows in kv_rows]  # KV tiles each query tile visits (a prefix)
+    q_rows = [min(block_q, n_q - start) for start in range(0, n_q, block_q)]
+    step_rows = sum(r * t for r, t in zip(q_rows, kv_tiles))  # query rows summed over every visited (j, i)
+    kv_loaded = max(kv_rows)  # the visited prefixes' union is the longest prefix: loaded once each
+    stats_reads = step_rows * s + (n_q * s if write_logsumexp else 0)
+    ledger = {
+        ("flash1_forward", "O"): Flow(read_bytes=step_rows * d * b, write_bytes=(n_q + step_rows) * d * b),
+        ("flash1_forward", "l"): Flow(read_bytes=stats_reads, write_bytes=(n_q + step_rows) * s),
+        ("flash1_forward", "m"): Flow(read_bytes=stats_reads, write_bytes=(n_q + step_rows) * s),
+        ("flash1_forward", "K"): Flow(read_bytes=kv_loaded * d * b),
+        ("flash1_forward", "V"): Flow(read_bytes=kv_loaded * d * b),
+        ("flash1_forward", "Q"): Flow(read_bytes=step_rows * d * b),
+    }
+    if write_logsumexp:
+        ledger["flash1_forward", "L"] = Flow(write_bytes=n_q * s)
+    return ledger
+
+
+FLASH_TRAFFIC["fa1"] = fa1_traffic

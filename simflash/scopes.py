@@ -1,0 +1,110 @@
+"""What lives on chip, and at which scope: SRAM occupancy per query tile, and the three scopes of the
+softmax statistics (m, l over a whole head; m_i, l_i and a_i live in one CTA; the exported L).
+
+Every number is read off a FlashAttention-2 run on the simulated GPU: the buffers its CTAs hold
+(`run.events`), their peaks (`run.on_chip`) and the ledger (`run.traffic`). None of these scopes
+depends on the key length, so the run uses one KV tile unless told otherwise: that keeps the seed's
+N = 4096 instant without changing a byte of the report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+import numpy as np
+
+from simflash.api import flash_attention
+from simflash.config import DEFAULT_GPU, check_positive_int
+from simflash.memory import MemoryEvent
+
+SHARED = "shared memory"
+REGISTERS = "registers"
+
+
+@attrs.frozen
+class TileOccupancy:
+    """Shared memory of the query tiles first..last (0-based), which all hold the same buffers."""
+
+    first: int
+    last: int
+    buffer_bytes: Mapping[str, int]  # largest size each buffer reached
+    peak_bytes: int  # most bytes live at once
+
+
+@attrs.frozen
+class ScopesReport:
+    n_q: int
+    n_kv: int
+    d: int
+    block_q: int
+    block_kv: int
+    dtype: str
+    capacity_bytes: int  # the configured shared-memory carve-out
+    tiles: tuple[TileOccupancy, ...]
+    head_state_bytes: int  # m and l over every query row of one head (summed over its CTAs)
+    cta_stats_bytes: int  # m_i and l_i held by one CTA
+    cta_accumulator_bytes: int  # a_i held by one CTA
+    logsumexp_bytes: int  # L = m + log l written to HBM, one head
+
+
+def _cta_occupancy(events: list[MemoryEvent]) -> tuple[dict[str, int], int]:
+    """Replay one CTA's shared-memory holds and releases: largest size per buffer, peak live bytes."""
+    live: dict[str, int] = {}
+    largest: dict[str, int] = {}
+    peak = 0
+    for event in events:
+        if event.op == "hold":
+            live[event.name] = event.nbytes
+            largest[event.name] = max(largest.get(event.name, 0), event.nbytes)
+            peak = max(peak, sum(live.values()))
+        elif event.op == "release":
+            del live[event.name]
+    return largest, peak
+
+
+def on_chip_scopes(
+    n: int = 4096, d: int = 128, block_q: int = 128, block_kv: int = 64, dtype: str = "float16", *,
+    n_kv: int | None = None, gpu: str = DEFAULT_GPU, seed: int = 0,
+) -> ScopesReport:
+    """Run FlashAttention-2 on one head of random inputs and read the scopes off its buffers.
+
+    n_kv defaults to block_kv (one KV tile): no scope in the report depends on it.
+    """
+    n = check_positive_int("n", n)
+    d = check_positive_int("d", d)
+    block_kv = check_positive_int("block_kv", block_kv)
+    n_kv = block_kv if n_kv is None else check_positive_int("n_kv", n_kv)
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((n, d))
+    k = rng.standard_normal((n_kv, d))
+    v = rng.standard_normal((n_kv, d))
+    run = flash_attention(
+        q, k, v, block_q=block_q, block_kv=block_kv, dtype=dtype, variant="fa2", trace="none",
+        write_logsumexp=True, gpu=gpu, record_events=True,
+    )
+
+    by_cta: dict[tuple[int, ...], list[MemoryEvent]] = {}
+    for event in run.events:
+        if event.scope == SHARED:
+            by_cta.setdefault(event.cta, []).append(event)
+    groups: list[TileOccupancy] = []
+    for (_, i), events in sorted(by_cta.items()):
+        buffers, peak = _cta_occupancy(events)
+        if groups and groups[-1].buffer_bytes == buffers and groups[-1].peak_bytes == peak:
+            groups[-1] = attrs.evolve(groups[-1], last=i)
+        else:
+            groups.append(TileOccupancy(i, i, buffers, peak))
+
+    registers = run.on_chip.registers.peak_by_buffer
+    statistics = ("m_i", "l_i")
+    head_state = sum(e.nbytes for e in run.events if e.scope == REGISTERS and e.op == "hold" and e.name in statistics)
+    return ScopesReport(
+        n_q=n, n_kv=n_kv, d=d, block_q=run.config.block_q, block_kv=block_kv, dtype=dtype,
+        capacity_bytes=run.on_chip.shared.capacity_bytes,
+        tiles=tuple(groups),
+        head_state_bytes=head_state,
+        cta_stats_bytes=sum(registers[name] for name in statistics),
+        cta_accumulator_bytes=registers["a_i"],
+        logsumexp_bytes=run.traffic.by_tensor["L"].write_bytes,
+    )
