@@ -140,3 +140,10 @@ def test_cli_report(tmp_path, qa_data):
     bad.write_text(yaml.safe_dump(qa_data))
     refused = runner.invoke(app, ["report", str(bad)], env=WIDE)
     assert refused.exit_code == 2 and "proposal.attention_share" in refused.output
+
+
+def test_yaml_exponent_pitfall_gets_a_hint(qa_data, tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(qa_data).replace("8000000000.0", "8.0e9"))
+    with pytest.raises(ValueError, match=r"'model.params'.*8\.0e\+9"):
+        load_scenario(path)

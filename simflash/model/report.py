@@ -128,7 +128,8 @@ class _Table:
             bound += f" and <= {maximum:g}"
         if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
                 or value < minimum or (above and value == minimum) or value > maximum):
-            raise ValueError(f"scenario field {self.field(key)!r} must be a number {bound}, got {value!r}")
+            hint = " (YAML reads exponents without a sign as text: write 8.0e+9)" if _numeric_text(value) else ""
+            raise ValueError(f"scenario field {self.field(key)!r} must be a number {bound}, got {value!r}{hint}")
         return float(value)
 
     def count(self, key: str) -> int:
@@ -149,6 +150,13 @@ class _Table:
         if unknown:
             raise ValueError(f"scenario field {self.field(unknown[0])!r} is not a known field "
                              f"(known here: {', '.join(sorted(self._seen))})")
+
+
+def _numeric_text(value: Any) -> bool:
+    try:
+        return isinstance(value, str) and math.isfinite(float(value))
+    except ValueError:
+        return False
 
 
 def parse_scenario(data: Any) -> Scenario:
