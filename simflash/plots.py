@@ -65,8 +65,9 @@ def tile_map(schedule: TileSchedule, path: str | Path) -> Path:
     mask = f"causal {schedule.causal_variant}" if schedule.causal else "unmasked"
     axes.set_title(f"Tile map: n_q={schedule.n_q}, n_kv={schedule.n_kv}, {mask}", fontsize=10)
     counts = {kind: int(np.count_nonzero(kinds == kind)) for kind in TILE_COLOURS}
-    axes.legend(handles=[Patch(color=colour, label=f"{kind} ({counts[kind]})") for kind, colour in TILE_COLOURS.items()],
-                loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8, frameon=False)
+    patches = [Patch(color=colour, label=f"{kind} ({counts[kind]})") for kind, colour in TILE_COLOURS.items()
+               if counts[kind]]
+    axes.legend(handles=patches, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8, frameon=False)
     return _save(figure, path)
 
 

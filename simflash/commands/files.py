@@ -9,6 +9,7 @@ from typing import Annotated
 import numpy as np
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 import simflash as sf
 from simflash import plots, trace_io
@@ -17,7 +18,7 @@ from simflash.config import CAUSAL_VARIANTS, STORAGE_DTYPES
 
 ALGORITHMS = ("naive", *FLASH_ALGORITHMS)
 
-console = Console()
+console = Console(soft_wrap=True, highlight=False)  # paths stay whole and uncoloured
 
 # Options shared by the commands that run a configuration on random inputs.
 N = Annotated[int, typer.Option(help="Query rows n_q (and keys, unless --n-kv).")]
@@ -56,16 +57,16 @@ def golden(
     if check:
         problems = trace_io.check_golden(directory)
         for problem in problems:
-            console.print(f"[red]differs[/red] {problem}")
+            console.print(f"[red]differs[/red] {escape(problem)}")
         if problems:
-            console.print(f"{len(problems)} problem(s); regenerate with `simflash golden --dir {directory}` "
+            console.print(f"{len(problems)} problem(s); regenerate with `simflash golden --dir {escape(str(directory))}` "
                           "once the change is intended")
             raise typer.Exit(1)
-        console.print(f"golden traces in {directory} match the code "
+        console.print(f"golden traces in {escape(str(directory))} match the code "
                       f"({len(trace_io.GOLDEN_CASES)} cases x {len(FLASH_ALGORITHMS)} variants)")
         return
     for path in trace_io.write_golden(directory):
-        console.print(f"wrote {path} ({path.stat().st_size:,} bytes)")
+        console.print(f"wrote {escape(str(path))} ({path.stat().st_size:,} bytes)")
 
 
 def export(
@@ -93,7 +94,7 @@ def export(
     except ValueError as error:
         raise _bad(error) from None
     what = f"{len(run.events):,} events" if kind == "perfetto" else f"{len(run.trace):,} tile steps"
-    console.print(f"wrote {path} ({kind}, {what}, {path.stat().st_size:,} bytes)")
+    console.print(f"wrote {escape(str(path))} ({kind}, {what}, {path.stat().st_size:,} bytes)")
 
 
 plot_app = typer.Typer(help="Draw pictures (PNG or SVG by the --out suffix).", no_args_is_help=True)
@@ -111,7 +112,7 @@ def plot_tilemap(
         path = plots.tile_map(schedule, out)
     except ValueError as error:
         raise _bad(error) from None
-    console.print(f"wrote {path}")
+    console.print(f"wrote {escape(str(path))}")
 
 
 @plot_app.command("stats")
@@ -137,7 +138,7 @@ def plot_stats(
         path = plots.tile_stats(trace, chosen, out, head=head)
     except ValueError as error:
         raise _bad(error) from None
-    console.print(f"wrote {path} (rows {', '.join(map(str, chosen))})")
+    console.print(f"wrote {escape(str(path))} (rows {', '.join(map(str, chosen))})")
 
 
 def _row_list(text: str, trace: sf.Trace) -> list[int]:
@@ -171,7 +172,7 @@ def plot_traffic(
         path = plots.traffic_over_run(runs, out, title=title)
     except ValueError as error:
         raise _bad(error) from None
-    console.print(f"wrote {path}")
+    console.print(f"wrote {escape(str(path))}")
 
 
 def register(app: typer.Typer) -> None:

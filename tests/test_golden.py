@@ -1,0 +1,147 @@
+"""The golden traces in traces/: they match what the code produces, and they show what they claim to."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+import simflash as sf
+from simflash import trace_io
+from simflash.algorithms import FLASH_ALGORITHMS
+from simflash.cli import app
+
+TRACES = Path(__file__).resolve().parents[1] / "traces"
+
+
+def test_committed_golden_traces_match_the_code():
+    problems = trace_io.check_golden(TRACES)
+    assert problems == [], "\n".join(problems) + "\nregenerate with `simflash golden` if the change is intended"
+
+
+def test_every_case_has_a_trace_and_a_timeline_per_variant():
+    names = {path.name for path in TRACES.glob("*.json")}
+    for case in trace_io.GOLDEN_CASES:
+        for variant in FLASH_ALGORITHMS:
+            assert {f"{case}.{variant}.json", f"{case}.{variant}.perfetto.json"} <= names
+
+
+@pytest.mark.parametrize("variant", list(FLASH_ALGORITHMS))
+def test_two_tile_trace_is_the_worked_example(variant):
+    case = trace_io.GOLDEN_CASES["two_tile"]()
+    trace = sf.Trace.load(TRACES / f"two_tile.{variant}.json")
+    assert [(s.i, s.j) for s in trace] == [(0, 0), (0, 1)]
+    # Independent float64 reference: scores and the full-row softmax.
+    scores = (case.k @ case.q[0]).astype(np.float64)  # (4,)
+    assert scores.tolist() == [8.0, 6.0, 10.0, 7.0]
+    m1, m2 = scores[:2].max(), scores.max()
+    l1 = np.exp(scores[:2] - m1).sum()
+    l2 = np.exp(m1 - m2) * l1 + np.exp(scores[2:] - m2).sum()
+    first, second = trace
+    np.testing.assert_allclose([first.m[0], second.m[0]], [m1, m2], rtol=1e-7)
+    np.testing.assert_allclose(second.alpha[0], np.exp(m1 - m2), rtol=1e-6)
+    np.testing.assert_allclose([first.l[0], second.l[0]], [l1, l2], rtol=1e-6)
+    weights = np.exp(scores - m2) / np.exp(scores - m2).sum()
+    expected_out = weights @ case.v
+    run = sf.flash_attention(case.q, case.k, case.v, variant=variant, **case.options)
+    np.testing.assert_allclose(run.out[0], expected_out, rtol=1e-6)
+    # The seed's rounded values.
+    np.testing.assert_allclose(np.round(expected_out, 4), [4.6025, 5.6025])
+    np.testing.assert_allclose(round(float(second.l[0]), 4), 1.2034)
+
+
+def test_fa2_two_tile_accumulator_is_unnormalised_until_the_end():
+    case = trace_io.GOLDEN_CASES["two_tile"]()
+    trace = sf.Trace.load(TRACES / "two_tile.fa2.json")
+    scores = case.k @ case.q[0]
+    a1 = np.exp(scores[:2] - 8.0) @ case.v[:2]
+    np.testing.assert_allclose(trace[0].a[0], a1, rtol=1e-6)
+    np.testing.assert_allclose(np.round(trace[0].a[0], 4), [1.4060, 2.5413])
+    np.testing.assert_allclose(np.round(trace[1].a[0], 4), [5.5388, 6.7422])
+
+
+@pytest.mark.parametrize("variant", list(FLASH_ALGORITHMS))
+def test_causal_case_shows_skipped_masked_and_full_tiles(variant):
+    trace = sf.Trace.load(TRACES / f"causal16.{variant}.json")
+    config = trace.config
+    schedule = sf.TileSchedule(config["n_q"], config["n_kv"], config["block_q"], config["block_kv"], causal=True)
+    kinds = schedule.kind_map()
+    assert {"full", "masked", "skipped"} <= set(kinds.ravel())
+    visited = {(s.i, s.j): s.masked for s in trace}
+    expected = {(i, j): kinds[i, j] == "masked" for i, j in np.ndindex(kinds.shape) if kinds[i, j] != "skipped"}
+    assert visited == expected
+
+
+@pytest.mark.parametrize("variant", list(FLASH_ALGORITHMS))
+def test_ragged_cases_have_short_edge_tiles(variant):
+    trace = sf.Trace.load(TRACES / f"ragged.{variant}.json")
+    assert sorted({(s.i, s.m.size) for s in trace}) == [(0, 4), (1, 4), (2, 2)]
+    assert trace.config["n_q"] == 10 and trace.config["n_kv"] == 7
+    lower_right = sf.Trace.load(TRACES / f"ragged_lower_right.{variant}.json")
+    first = lower_right.of_tile(0)[-1]
+    assert np.isneginf(first.m[:3]).all() and np.isfinite(first.m[3])  # rows 0-2 see no key
+    assert (first.l[:3] == 0).all()
+
+
+def test_golden_perfetto_files_are_timelines_of_the_runs():
+    for run in trace_io.golden_runs(["two_tile"]):
+        committed = json.loads((TRACES / f"{run.stem}.perfetto.json").read_text())
+        totals = [r["args"]["total"] for r in committed["traceEvents"] if r["name"] == "HBM bytes, cumulative"]
+        assert totals[-1] == sum(e.nbytes for e in run.events if e.op in ("read", "write"))
+
+
+@pytest.fixture
+def golden_copy(tmp_path):
+    shutil.copytree(TRACES, tmp_path / "traces")
+    return tmp_path / "traces"
+
+
+def test_check_catches_a_changed_value(golden_copy):
+    path = golden_copy / "causal16.fa2.json"
+    doc = json.loads(path.read_text())
+    doc["steps"][3]["l"][1] *= 1 + 1e-4
+    path.write_text(json.dumps(doc))
+    assert trace_io.check_golden(golden_copy) == [f"{path}: step 3 (head 0, i 1, j 1): l differs"]
+
+
+def test_check_tolerates_rounding_but_not_structure(golden_copy):
+    path = golden_copy / "ragged.fa2.json"
+    doc = json.loads(path.read_text())
+    value = np.float32(doc["steps"][0]["a"][0][0])
+    doc["steps"][0]["a"][0][0] = float(np.nextafter(value, np.float32(np.inf)))  # one ulp: within tolerance
+    path.write_text(json.dumps(doc))
+    assert trace_io.check_golden(golden_copy) == []
+    doc["steps"][0]["masked"] = not doc["steps"][0]["masked"]
+    path.write_text(json.dumps(doc))
+    assert trace_io.check_golden(golden_copy) == [f"{path}: step 0 (head 0, i 0, j 0): masked differs"]
+
+
+def test_check_catches_missing_stale_damaged_and_changed_timelines(golden_copy):
+    (golden_copy / "ragged.fa2.json").unlink()
+    (golden_copy / "old_case.fa2.json").write_text("{}")
+    (golden_copy / "causal16.fa2.json").write_text('{"format": "simflash.trace", "schema_')
+    timeline = golden_copy / "two_tile.fa2.perfetto.json"
+    timeline.write_text(timeline.read_text().replace('"bytes":16', '"bytes":17', 1))
+    problems = trace_io.check_golden(golden_copy)
+    assert any("ragged.fa2.json: missing" in p for p in problems)
+    assert any("old_case.fa2.json: not produced by any golden case" in p for p in problems)
+    assert any("causal16.fa2.json: not a complete JSON document" in p for p in problems)
+    assert any("two_tile.fa2.perfetto.json: the timeline differs" in p for p in problems)
+    assert len(problems) == 4
+
+
+def test_golden_command_writes_then_checks(tmp_path):
+    runner = CliRunner()
+    directory = tmp_path / "fresh"
+    written = runner.invoke(app, ["golden", "--dir", str(directory)])
+    assert written.exit_code == 0, written.output
+    assert sorted(p.name for p in directory.iterdir()) == sorted(p.name for p in TRACES.glob("*.json"))
+    checked = runner.invoke(app, ["golden", "--check", "--dir", str(directory)])
+    assert checked.exit_code == 0 and "match the code" in checked.output
+    (directory / "two_tile.fa2.json").unlink()
+    failed = runner.invoke(app, ["golden", "--check", "--dir", str(directory)])
+    assert failed.exit_code == 1 and "missing" in failed.output
