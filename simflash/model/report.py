@@ -26,7 +26,16 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-SCENARIO_SUFFIXES = {".toml": "toml", ".yaml": "yaml", ".yml": "yaml"}
+
+def _yaml_loads(text: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise ValueError(f"not valid YAML: {error}") from None
+
+
+# Parsers by file suffix; each raises ValueError on malformed text (tomllib's TOMLDecodeError is one).
+SCENARIO_PARSERS = {".toml": tomllib.loads, ".yaml": _yaml_loads, ".yml": _yaml_loads}
 
 
 @attrs.frozen
@@ -226,20 +235,17 @@ def load_scenario(source: str | pathlib.Path) -> Scenario:
         resource = importlib.resources.files("simflash.model") / "scenarios" / f"{source}.toml"
         return parse_scenario(tomllib.loads(resource.read_text(encoding="utf-8")))
     path = pathlib.Path(source)
-    kind = SCENARIO_SUFFIXES.get(path.suffix.lower())
-    if kind is None:
+    parser = SCENARIO_PARSERS.get(path.suffix.lower())
+    if parser is None:
         raise ValueError(f"scenario must be a built-in name {builtin_scenarios()} or a file ending in "
-                         f"{sorted(SCENARIO_SUFFIXES)}, got {str(source)!r}")
+                         f"{sorted(SCENARIO_PARSERS)}, got {str(source)!r}")
     if not path.is_file():
         raise ValueError(f"scenario file {str(path)!r} does not exist")
-    text = path.read_text(encoding="utf-8")
-    if kind == "toml":
-        return parse_scenario(tomllib.loads(text))
     try:
-        return parse_scenario(yaml.safe_load(text))
-    except yaml.YAMLError as error:
-        raise ValueError(f"scenario file {str(path)!r} is not valid YAML: {error}") from None
-
+        data = parser(path.read_text(encoding="utf-8"))
+    except ValueError as error:
+        raise ValueError(f"scenario file {str(path)!r}: {error}") from None
+    return parse_scenario(data)
 
 @attrs.frozen
 class Attribution:

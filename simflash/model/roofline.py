@@ -98,7 +98,6 @@ def intensity_row(
     """FLOPs and bytes of one unmasked attention head under each model in INTENSITY_MODELS."""
     if variant not in FLASH_TRAFFIC:
         raise ValueError(f"variant must be one of {sorted(FLASH_TRAFFIC)}, got {variant!r}")
-    storage_dtype(dtype)
     return IntensityRow(n, d, dtype, attention_flops(n, d), {
         name: model.traffic(n, d, dtype, block_q, block_kv, variant).total_bytes
         for name, model in INTENSITY_MODELS.items()
