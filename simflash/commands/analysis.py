@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from simflash.commands import make_console
-from simflash.config import DEFAULT_GPU, GPUS, KiB, MiB, STORAGE_DTYPES, GiB
+from simflash.config import DEFAULT_GPU, GPUS, STORAGE_DTYPES, GiB, KiB, MiB
 from simflash.model.amdahl import QUOTED_FLOP_SHARE, SENSITIVITY_F_TIME, attention_flop_share, project, sensitivity
 from simflash.model.footprint import fused_footprints, intermediate_footprints, short_sequence
 from simflash.model.report import builtin_scenarios, load_scenario, render_report
@@ -44,12 +44,12 @@ DTYPE_HELP = f"HBM storage dtype: {', '.join(STORAGE_DTYPES)}."
 VARIANT_HELP = f"Tiled variant for the tiled logical model: {', '.join(FLASH_TRAFFIC)}."
 ROOFLINE_D = (64, 128, 256)
 SWEEP_SRAM_KIB = tuple(size // KiB for size in SWEEP_SRAM_BYTES)
+EXTRA_ARGS = {"allow_extra_args": True}  # for `--d 64 128 256`: see _with_extras
 
 
 def _list_help(what: str, option: str, default: Sequence[int]) -> str:
     return (f"{what}: --{option} 1,2 or --{option} 1 --{option} 2 (or --{option} 1 2 when it is the only list "
             f"given; default {','.join(map(str, default))}).")
-EXTRA_ARGS = {"allow_extra_args": True}
 
 
 @contextlib.contextmanager
