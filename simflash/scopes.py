@@ -3,8 +3,8 @@ softmax statistics (m, l over a whole head; m_i, l_i and a_i live in one CTA; th
 
 Every number is read off a FlashAttention-2 run on the simulated GPU: the buffers its CTAs hold
 (`run.events`), their peaks (`run.on_chip`) and the ledger (`run.traffic`). None of these scopes
-depends on the key length, so the run uses one KV tile unless told otherwise: that keeps the seed's
-N = 4096 instant without changing a byte of the report.
+depends on the key length once there is a full KV tile, so the run uses one KV tile unless told
+otherwise: that keeps the seed's N = 4096 instant without changing a byte of the report.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def on_chip_scopes(
 ) -> ScopesReport:
     """Run FlashAttention-2 on one head of random inputs and read the scopes off its buffers.
 
-    n_kv defaults to block_kv (one KV tile): no scope in the report depends on it.
+    n_kv defaults to block_kv (one KV tile): any n_kv >= block_kv gives the same report.
     """
     n = check_positive_int("n", n)
     d = check_positive_int("d", d)

@@ -88,7 +88,7 @@ def test_trace_takes_scores_and_values_from_flags_and_json(invoke, tmp_path):
     ("args", "message"),
     [
         (["--scores", "8,x", "--values", "1;2"], "--scores: must be scores per KV tile"),
-        (["--scores", "8,6", "--values", "1,2;3"], "value rows must all have the same length d"),
+        (["--scores", "8,6", "--values", "1,2;3"], "value rows must all have the same length d >= 1"),
         (["--scores", "8,6;1,2,3", "--values", "1;2;3;4;5"], "KV tiles must all hold 2 scores"),
         (["--scores", "8,6", "--values", "1;2;3"], "need one value row per score (2), got 3 rows"),
         (["--scores", "8,inf", "--values", "1;2"], "must hold finite numbers"),
@@ -100,6 +100,7 @@ def test_trace_takes_scores_and_values_from_flags_and_json(invoke, tmp_path):
         (["--block-kv", "-2"], "--block-kv must be a positive integer"),
         (["--n", "4", "--dtype", "float8"], "dtype must be one of"),
         (["--causal", "--causal-variant", "diagonal"], "causal_variant must be one of"),
+        (["--causal-variant", "lower_right"], "--causal-variant: applies to causal attention: add --causal"),
         (["--variant", "fa9"], "--variant: must be one of ['fa1', 'fa2']"),
         (["--json", "missing.json"], "cannot read missing.json"),
     ],
@@ -118,6 +119,8 @@ def test_trace_rejects_malformed_input_clearly(invoke, args, message):
         ('{"scores": [[1, "a"]], "values": [[1]]}', '"scores" in'),
         ('{"scores": [[1, 2]], "values": [[1], [true]]}', '"values" in'),
         ('{"scores": [[]], "values": []}', "every KV tile needs at least one score"),
+        ('{"scores": [[1]], "values": [[]]}', "value rows must all have the same length d >= 1"),
+        ('{"scores": [[1e39]], "values": [[1]]}', "k has values beyond the range of float32"),
     ],
 )
 def test_trace_rejects_malformed_json(invoke, tmp_path, content, message):
@@ -155,8 +158,8 @@ def test_trace_random_table_matches_the_simulator_trace(invoke):
     assert [r[4] for r in rows] == [f"{s.l[2]:.4f}" for s in steps]
 
 
-def test_every_variant_has_an_accumulator_description():
-    assert set(teach.ACCUMULATORS) == set(FLASH_ALGORITHMS)
+def test_every_variant_has_a_trace_view():
+    assert set(teach.TRACE_VIEWS) == set(FLASH_ALGORITHMS)
 
 
 def test_verify_passes_and_covers_every_variant_and_exercise_4(invoke):

@@ -17,6 +17,7 @@ from simflash.algorithms import FLASH_ALGORITHMS
 from simflash.api import flash_attention
 from simflash.config import CAUSAL_VARIANTS, DEFAULT_GPU, KiB, STORAGE_DTYPES, check_positive_int, gpu_spec
 from simflash.memory import SimulatedGPU
+from simflash.numerics import reference_attention
 from simflash.schedule import TileSchedule
 from simflash.scopes import on_chip_scopes
 from simflash.trace import TileStep, TraceRequest
@@ -27,9 +28,10 @@ EXAMPLE_VALUES = ((1.0, 2.0), (3.0, 4.0), (5.0, 6.0), (7.0, 8.0))
 
 
 @attrs.frozen
-class Accumulator:
-    """How a variant's per-row accumulator reads: its symbol, and how O follows from the last step."""
+class TraceView:
+    """How to read a variant's trace: its name, its accumulator's symbol, how O follows from the last step."""
 
+    title: str
     symbol: str
     final: str
     output: Callable[[TileStep], np.ndarray]
@@ -39,9 +41,10 @@ def _divide_by_l(step: TileStep) -> np.ndarray:
     return np.divide(step.a, step.l[:, None], out=np.zeros_like(step.a), where=step.l[:, None] > 0)
 
 
-ACCUMULATORS = {
-    "fa2": Accumulator("a", "O = a / l, once, after the last tile", _divide_by_l),
-    "fa1": Accumulator("O_i", "O = O_i: normalised after every tile, no final division", lambda step: step.a),
+TRACE_VIEWS = {
+    "fa2": TraceView("FlashAttention-2", "a", "O = a / l, once, after the last tile", _divide_by_l),
+    "fa1": TraceView("FlashAttention-1", "O_i", "O = O_i: normalised after every tile, no final division",
+                     lambda step: step.a),
 }
 
 
@@ -86,27 +89,6 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-def _variant_name(variant: str) -> str:
-    return {"fa2": "FlashAttention-2", "fa1": "FlashAttention-1"}.get(variant, variant)
-
-
-# ------------------------------------------------------------------------------------ references
-
-
-def permitted(n_q: int, n_kv: int, causal: bool, causal_variant: str = "upper_left") -> np.ndarray:
-    """(n_q, n_kv) boolean: True where query row r may see key c (the whole matrix as one tile)."""
-    return TileSchedule(n_q, n_kv, n_q, n_kv, causal=causal, causal_variant=causal_variant).mask(0, 0)
-
-
-def direct_attention(Q: np.ndarray, K: np.ndarray, V: np.ndarray, scale: float, permitted: np.ndarray) -> np.ndarray:
-    """softmax(Q K^T * scale) V in float64, keys outside `permitted` (n_q, n_kv) removed; unseen rows are 0."""
-    S = np.where(permitted, (Q.astype(np.float64) @ K.astype(np.float64).swapaxes(-1, -2)) * scale, -np.inf)
-    m = S.max(axis=-1, keepdims=True)
-    E = np.exp(S - np.where(np.isfinite(m), m, 0.0))
-    l = E.sum(axis=-1, keepdims=True)  # noqa: E741
-    return np.divide(E, l, out=np.zeros_like(E), where=l > 0) @ V.astype(np.float64)
-
-
 # ----------------------------------------------------------------------------------------- trace
 
 
@@ -134,8 +116,8 @@ def _check_problem(scores: list[list[float]], values: list[list[float]], source:
     n_kv = sum(len(tile) for tile in scores)
     if len(values) != n_kv:
         raise typer.BadParameter(f"need one value row per score ({n_kv}), got {len(values)} rows", param_hint=source)
-    if len({len(row) for row in values}) != 1:
-        raise typer.BadParameter("value rows must all have the same length d", param_hint=source)
+    if len({len(row) for row in values}) != 1 or not values[0]:
+        raise typer.BadParameter("value rows must all have the same length d >= 1", param_hint=source)
 
 
 def _load_json(path: Path) -> tuple[list[list[float]], list[list[float]]]:
@@ -177,7 +159,7 @@ def _trace_scores(scores: list[list[float]], values: list[list[float]], variant:
     block_kv = len(scores[0])
     run = flash_attention(q, k, v, block_q=1, block_kv=block_kv, scale=1.0, dtype="float32", variant=variant,
                           trace="full")
-    accumulator = ACCUMULATORS[variant]
+    view = TRACE_VIEWS[variant]
     rows = []
     for step, change in zip(run.trace, _changes(run.trace, 0)):
         cols = slice(step.j * block_kv, step.j * block_kv + len(scores[step.j]))
@@ -186,17 +168,18 @@ def _trace_scores(scores: list[list[float]], values: list[list[float]], variant:
                      _num(step.l[0]), _vec(step.a[0]), change])
     last = run.trace[-1]
     flat = k[:, 0]
-    weights = np.exp(flat - flat.max()) / np.exp(flat - flat.max()).sum()  # float64, the whole row at once
+    e = np.exp(flat - flat.max())  # float64, the whole row at once
+    weights = e / e.sum()
     expected = weights @ v
     out = run.out[0].astype(np.float64)
     lines = [
-        f"{_variant_name(variant)}, one query row, {len(scores)} KV tiles of {block_kv} keys, d = {v.shape[1]} "
+        f"{view.title}, one query row, {len(scores)} KV tiles of {block_kv} keys, d = {v.shape[1]} "
         "(simulated: scale 1, float32, block_q 1, q = e_0, key c = (score_c, 0, ...))",
         "",
-        _table(["tile", "scores", "m", "alpha", "w = exp(s - m)", "l", accumulator.symbol, "what changed"], rows),
+        _table(["tile", "scores", "m", "alpha", "w = exp(s - m)", "l", view.symbol, "what changed"], rows),
         "",
-        f"final: {accumulator.final}",
-        f"  O = {_vec(accumulator.output(last)[0])}",
+        f"final: {view.final}",
+        f"  O = {_vec(view.output(last)[0])}",
         f"  O as stored in HBM: {_vec(out)}",
         "",
         "check against the softmax of the full row, in float64:",
@@ -229,12 +212,10 @@ def _trace_random(n: int, n_kv: int, d: int, block_q: int, block_kv: int, causal
     run = flash_attention(q, k, v, block_q=block_q, block_kv=block_kv, causal=causal, causal_variant=causal_variant,
                           dtype=dtype, variant=variant, trace="full", trace_tiles={r // block_q for r in rows})
     sched = TileSchedule(n, n_kv, block_q, block_kv, causal=causal, causal_variant=causal_variant)
-    store = STORAGE_DTYPES[dtype]
-    Q, K, V = (x.astype(store) for x in (q, k, v))
-    reference = direct_attention(Q, K, V, run.config.scale, permitted(n, n_kv, causal, causal_variant))
-    accumulator = ACCUMULATORS[variant]
+    reference = reference_attention(q, k, v, causal, causal_variant, run.config.scale, dtype)  # (n, d) float64
+    view = TRACE_VIEWS[variant]
     out = [
-        f"{_variant_name(variant)}, n_q = {n}, n_kv = {n_kv}, d = {d}, block_q = {block_q}, block_kv = {block_kv}, "
+        f"{view.title}, n_q = {n}, n_kv = {n_kv}, d = {d}, block_q = {block_q}, block_kv = {block_kv}, "
         f"{dtype}, " + (f"causal ({causal_variant})" if causal else "not causal") + f", seed {seed}",
     ]
     for r in rows:
@@ -246,8 +227,8 @@ def _trace_random(n: int, n_kv: int, d: int, block_q: int, block_kv: int, causal
         out += [
             "",
             f"query row {r} (query tile {i}, row {local} of it): {len(steps)} KV tiles visited",
-            _table(["j", "kind", "m", "alpha", "l", accumulator.symbol, "what changed"], table),
-            f"final: {accumulator.final}",
+            _table(["j", "kind", "m", "alpha", "l", view.symbol, "what changed"], table),
+            f"final: {view.final}",
             f"  O[{r}] as stored in HBM: {_vec(run.out[r].astype(np.float64))}",
             f"  float64 reference:       {_vec(reference[r])}",
             f"  max |O - reference| = {np.abs(run.out[r].astype(np.float64) - reference[r]).max():.2e}",
@@ -287,6 +268,8 @@ def trace_command(
         raise typer.BadParameter("give either --json or --scores/--values, not both", param_hint="--json")
     if (scores is None) != (values is None):
         raise typer.BadParameter("--scores and --values go together", param_hint="--scores/--values")
+    if causal_variant is not None and not causal:
+        raise typer.BadParameter("applies to causal attention: add --causal", param_hint="--causal-variant")
     if (json_file is not None or scores is not None) and random_given:
         raise typer.BadParameter(f"options of a random problem ({', '.join(random_given)}) do not combine with "
                                  "given scores", param_hint=random_given[0])
@@ -359,7 +342,7 @@ def causal_checks(seed: int = 0, d: int = 8, block_q: int = 4, block_kv: int = 2
         scale = 1.0 / np.sqrt(d)
         sched = TileSchedule(n_q, n_kv, block_q, block_kv, causal=True, causal_variant=causal_variant)
         kinds = sched.kind_map()
-        reference = direct_attention(Q, K, V, scale, permitted(n_q, n_kv, True, causal_variant))  # (n_q, d)
+        reference = reference_attention(Q, K, V, True, causal_variant, scale, "float32")  # (n_q, d) float64
         # Rows that the skip bound lets see a future key: only the mask removes it.
         last_tile = np.array([(sched.kv_tiles(r // block_q) or [-1])[-1] for r in range(n_q)])
         last_loaded_col = np.minimum((last_tile + 1) * block_kv, n_kv) - 1
@@ -457,7 +440,7 @@ def scopes_command(
     lines = [
         f"FlashAttention-2 on the simulated GPU, one head: N = {report.n_q}, d = {report.d}, {report.dtype}, "
         f"B_r = {report.block_q}, B_c = {report.block_kv}",
-        f"(run with n_kv = {report.n_kv}: the key length changes none of the numbers below)",
+        f"(run with n_kv = {report.n_kv}; any n_kv >= B_c gives the same numbers below)",
         "",
         f"shared memory per query tile (capacity {_size(report.capacity_bytes)}):",
         _table(["query tiles", *names, "peak"], rows),
@@ -467,7 +450,7 @@ def scopes_command(
             ["running state, one head", "m and l: one float32 each per query row, over all CTAs",
              _size(report.head_state_bytes)],
             ["live state, one CTA", f"m_i and l_i for B_r = {report.block_q} rows", _size(report.cta_stats_bytes)],
-            ["", f"+ accumulator a_i, B_r x d float32", _size(report.cta_accumulator_bytes)],
+            ["", "+ accumulator a_i, B_r x d float32", _size(report.cta_accumulator_bytes)],
             ["exported logsumexp", "L = m + log l, one float32 per query row, written to HBM",
              _size(report.logsumexp_bytes)],
         ]),
