@@ -8,10 +8,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from typer.testing import CliRunner
 
 import simflash as sf
 from simflash import trace_io
 from simflash.algorithms import FLASH_ALGORITHMS
+from simflash.cli import app
 from simflash.trace_io import TraceFileError
 
 
@@ -346,3 +348,22 @@ def test_trace_differences_reports_what_changed():
     assert trace_io.trace_differences(run.trace, other.trace, rtol=1e-6) == []
     shorter = sf.Trace(run.trace.level, run.trace.steps[:-1], run.trace.config)
     assert trace_io.trace_differences(run.trace, shorter) == [f"{len(run.trace) - 1} steps != {len(run.trace)}"]
+
+
+@pytest.mark.parametrize("algorithm", ["naive", *FLASH_ALGORITHMS])
+def test_export_command_writes_every_format(tmp_path, algorithm):
+    common = ["--algorithm", algorithm, "--n", "12", "--d", "4", "--block-q", "4", "--block-kv", "3", "--causal"]
+    for name in ("t.json", "t.npz", "t.perfetto.json"):
+        result = CliRunner().invoke(app, ["export", "--out", str(tmp_path / name), *common])
+        assert result.exit_code == 0, result.output
+    json_trace, npz_trace = sf.Trace.load(tmp_path / "t.json"), sf.Trace.load(tmp_path / "t.npz")
+    assert_identical(json_trace, npz_trace)
+    assert json_trace.config["algorithm"] == algorithm and json_trace.config["causal"] is True
+    schedule = sf.TileSchedule(12, 12, 4, 3, causal=True)
+    visited = sum(len(schedule.kv_tiles(i)) for i in range(schedule.n_q_tiles))
+    assert len(json_trace) == (0 if algorithm == "naive" else visited)
+    timeline = json.loads((tmp_path / "t.perfetto.json").read_text())
+    check_chrome_trace(timeline)
+    assert json.loads(timeline["otherData"]["config"]) == json_trace.config
+    bad = CliRunner().invoke(app, ["export", "--out", str(tmp_path / "t.csv"), *common])
+    assert bad.exit_code == 2 and "path must end in .json, .npz or .perfetto.json" in bad.output
