@@ -142,6 +142,7 @@ def test_trace_holds_the_normalised_output_and_the_same_statistics_as_fa2():
     kw = dict(causal=True, causal_variant="lower_right", dtype="float32")
     fa1 = sf.flash_attention(q, k, v, 4, 3, variant="fa1", trace="full", **kw)
     fa2 = sf.flash_attention(q, k, v, 4, 3, variant="fa2", trace="full", **kw)
+    assert all(s.m.dtype == s.alpha.dtype == s.l.dtype == s.a.dtype == STATE_DTYPE for s in fa1.trace)
     for i in range(3):
         one, two = fa1.trace.of_tile(i), fa2.trace.of_tile(i)
         assert [s.j for s in one] == [s.j for s in two]

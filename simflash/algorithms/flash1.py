@@ -77,7 +77,7 @@ def flash1_forward(
                         P_ij = P_ij.astype(storage).astype(STATE_DTYPE)
                         PV = compute.matmul(P_ij, V_j)  # (B_r, d)
                         inv_l = np.divide(1.0, l_new, out=np.zeros_like(l_new), where=l_new > 0)  # (B_r,)
-                        O_new = ((l_i * alpha * inv_l)[:, None] * O_i + inv_l[:, None] * PV).astype(STATE_DTYPE)
+                        O_new = (l_i * alpha * inv_l)[:, None] * O_i + inv_l[:, None] * PV  # (B_r, d)
 
                         # -- write O_i, l_i, m_i back to HBM
                         sram.store(hbm, "O", (h, rows), O_new)
