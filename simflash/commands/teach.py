@@ -254,9 +254,11 @@ def trace_command(
 ) -> None:
     """Watch the online softmax tile by tile: m, alpha, l and the accumulator after every KV tile.
 
-    With no arguments: the two-tile worked example (scores [8, 6] then [10, 7]). --scores/--values or
-    --json: your own scores and values for one query row. --n, --d, --block-q, ...: a random problem,
-    one table per chosen query row.
+    With no arguments: the two-tile worked example (scores [8, 6] then [10, 7]).
+
+    --scores/--values or --json: your own scores and values for one query row.
+
+    --n, --d, --block-q, ...: a random problem, one table per chosen query row.
     """
     if variant not in FLASH_ALGORITHMS:
         raise typer.BadParameter(f"must be one of {sorted(FLASH_ALGORITHMS)}, got {variant!r}", param_hint="--variant")
