@@ -7,6 +7,7 @@ from collections.abc import Generator, Iterable
 from typing import Any
 
 import attrs
+import ml_dtypes
 import numpy as np
 
 from simflash.algorithms import FLASH_ALGORITHMS
@@ -88,7 +89,7 @@ def _prepare(q, k, v, dtype: str, scale: float | None, causal_variant: str):
         with np.errstate(over="ignore"):  # an overflow is reported just below, naming the input
             rounded = x.reshape(-1, *x.shape[-2:]).astype(store)
         if not np.isfinite(rounded.astype(STATE_DTYPE)).all():
-            raise ValueError(f"{name} has values beyond the range of {dtype} (max {float(np.finfo(store).max):g})")
+            raise ValueError(f"{name} has values beyond the range of {dtype} (max {float(ml_dtypes.finfo(store).max):g})")
         stored.append(rounded)
     d = q.shape[-1]
     if scale is None:

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import simflash as sf
-from simflash.numerics import RELATIVE_TOLERANCE, reference_attention, relative_error
+from simflash.numerics import RELATIVE_TOLERANCE, reference_attention, relative_error, value_scale, within_tolerance
 
 DTYPES = ["float16", "bfloat16", "float32"]
 
@@ -32,10 +32,9 @@ def test_flash_matches_reference_model_and_trace(n_q, n_kv, d, block_q, block_kv
     naive = sf.naive_attention(q, k, v, **kw)
 
     # -- numerics: the dtype's tolerance and, for 16-bit storage, at most 2x naive's error
-    error, naive_error = relative_error(run.out, ref), relative_error(naive.out, ref)
-    assert error <= RELATIVE_TOLERANCE[dtype]
-    if dtype != "float32":
-        assert error <= 2 * naive_error + 1e-6
+    scale = value_scale(v, ref)  # tiny random problems can cancel to ~0: measure against V's size
+    error, naive_error = relative_error(run.out, ref, scale), relative_error(naive.out, ref, scale)
+    assert within_tolerance(error, dtype, naive_error), (error, naive_error)
     assert run.out.dtype == sf.config.STORAGE_DTYPES[dtype] and run.out.shape == q.shape
     assert np.isfinite(run.out.astype(np.float32)).all()
 
@@ -61,7 +60,7 @@ def test_flash_matches_reference_model_and_trace(n_q, n_kv, d, block_q, block_kv
             expected = np.divide(last.a, last.l[:, None], out=np.zeros_like(last.a), where=last.l[:, None] > 0)
             np.testing.assert_array_equal(expected.astype(run.out.dtype), run.out[h, rows])
             ms = np.array([s.m for s in steps])
-            assert (np.diff(ms, axis=0) >= 0).all()  # the running max never decreases
+            assert (ms[1:] >= ms[:-1]).all()  # the running max never decreases (-inf until a key is seen)
             assert all(((s.alpha >= 0) & (s.alpha <= 1)).all() for s in steps)
 
 
