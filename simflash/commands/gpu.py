@@ -1,7 +1,254 @@
-"""Commands: placeholder until this group lands."""
+"""GPU commands: `simflash gpu info | validate | profile | bench | sdpa-check | sanitize | report`.
+
+All but `report` need CuPy and an NVIDIA GPU (profile: Nsight Compute's ncu; sanitize:
+compute-sanitizer; bench and sdpa-check: PyTorch for SDPA). `report` prints the Markdown tables of
+saved results. Every number printed comes from a run or from a saved result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shlex
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated
 
 import typer
+from rich.markup import escape
+from rich.table import Table
+
+from simflash.commands import make_console
+
+gpu_app = typer.Typer(help="Run the FA-2 kernel and the naive path on a real GPU: check, profile, time.",
+                      no_args_is_help=True)
+
+JSON_HELP = "Print the result as JSON instead of a table."
+SAVE_HELP = "Also write the result as JSON to this file."
+
+
+@contextlib.contextmanager
+def _user_errors() -> Iterator[None]:
+    """Bad input: a one-line error and exit status 2; a missing GPU or tool: a one-line error, status 1."""
+    try:
+        yield
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+    except RuntimeError as error:
+        make_console(stderr=True).print(f"[red]error:[/red] {escape(str(error))}")
+        raise typer.Exit(1) from None
+
+
+def _ints(option: str, text: str) -> list[int]:
+    try:
+        return [int(item) for item in text.split(",") if item.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"expected comma-separated integers, got {text!r}", param_hint=f"--{option}") from None
+
+
+def _command_line() -> str:
+    return "simflash " + " ".join(shlex.quote(arg) for arg in sys.argv[1:])
+
+
+def _emit(result, as_json: bool, save: Path | None, tables: list) -> None:
+    """Print the tables (or the JSON), and save the JSON when asked."""
+    text = json.dumps(result, indent=1)
+    if save is not None:
+        save.write_text(text + "\n")
+    if as_json:
+        typer.echo(text)
+        return
+    console = make_console()
+    for title, (headers, rows) in tables:
+        table = Table(title=title)
+        for header in headers:
+            table.add_column(header)
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
+
+
+@gpu_app.command()
+def info(as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False) -> None:
+    """The GPU, the kernel configurations built for it, and what the compiler gave each default kernel."""
+    from simflash.backends.kernels import Flash2Kernel, device_info, supported
+
+    with _user_errors():
+        kernels = [Flash2Kernel(dtype, 128, 64, d, instrumented).resources()
+                   for dtype in ("float16", "bfloat16") for d in (64, 128) for instrumented in (False, True)]
+        result = {"device": device_info(), "supported": supported(), "kernels": kernels}
+    rows = [[k["kernel"], str(k["threads"]), str(k["registers"]), str(k["local_bytes"]), str(k["shared_bytes"])]
+            for k in kernels]
+    if not as_json:
+        typer.echo(json.dumps(result["device"]))
+    _emit(result, as_json, None, [("kernels (B_r=128, B_c=64)", (["kernel", "threads", "registers",
+                                                                   "local bytes", "shared bytes"], rows))])
+
+
+@gpu_app.command()
+def validate(
+    quick: Annotated[bool, typer.Option(help="A few small configurations instead of the full sweep.")] = False,
+    seed: Annotated[int | None, typer.Option(help="Input seed (default: fresh, and recorded).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
+    save: Annotated[Path | None, typer.Option(help=SAVE_HELP)] = None,
+) -> None:
+    """Kernel vs float64 reference vs simulator on the same inputs: errors, exact bytes, m/l trace."""
+    from simflash.backends import report
+    from simflash.backends import validate as checks
+    from simflash.backends.kernels import device_info
+
+    with _user_errors():
+        device = device_info()
+        configs = checks.default_configs(quick)
+        console = make_console(stderr=True)
+        result = checks.validate(configs, seed, progress=None if as_json else
+                                 lambda r: console.print(("ok  " if r["ok"] else "FAIL ") + _label(r["config"])))
+    result = {"command": _command_line(), "device": device, **result}
+    _emit(result, as_json, save, [("GPU vs float64 reference vs simulator", report.validate_table(result))])
+    if not result["all_ok"]:
+        raise typer.Exit(1)
+
+
+def _label(config: dict) -> str:
+    from simflash.backends.validate import CheckConfig
+
+    return CheckConfig(**config).label
+
+
+@gpu_app.command()
+def profile(
+    n: Annotated[str, typer.Option(help="Sequence length(s), comma-separated.")] = "4096",
+    d: Annotated[int, typer.Option(help="Head dim.")] = 128,
+    heads: Annotated[str, typer.Option(help="Head count(s), comma-separated.")] = "32",
+    causal: Annotated[bool, typer.Option(help="Causal mask (upper_left; n_q = n_kv).")] = False,
+    naive_max_n: Annotated[int, typer.Option(help="Profile the naive path only up to this N (S, P grow as N^2).")] = 8192,
+    sweep: Annotated[bool, typer.Option(help="Profile the docs' sweep (heads 1..64, N 1024..16384, causal) "
+                                             "instead of --n/--heads/--causal.")] = False,
+    seed: Annotated[int, typer.Option(help="Input seed.")] = 0,
+    raw_csv: Annotated[Path | None, typer.Option(help="Also keep ncu's CSV report here.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
+    save: Annotated[Path | None, typer.Option(help=SAVE_HELP)] = None,
+) -> None:
+    """Logical vs instrumented vs L2 vs DRAM bytes per kernel, under Nsight Compute (cold caches)."""
+    from simflash.backends import report
+    from simflash.backends.kernels import device_info
+    from simflash.backends.profile import ProfileConfig, sweep_configs
+    from simflash.backends.profile import profile as run_profile
+
+    with _user_errors():
+        configs = sweep_configs(d) if sweep else [
+            ProfileConfig(n=size, d=d, heads=h, causal=causal, naive=size <= naive_max_n)
+            for h in _ints("heads", heads) for size in _ints("n", n)]
+        device = device_info()
+        result = {"command": _command_line(), "device": device, **run_profile(configs, seed, raw_csv)}
+    _emit(result, as_json, save, [("bytes per kernel (ncu, caches flushed before each kernel)",
+                                   report.profile_table(result)),
+                                  ("physical over logical", report.sweep_table(result))])
+
+
+@gpu_app.command()
+def bench(
+    n: Annotated[str, typer.Option(help="Sequence lengths, comma-separated.")] = "1024,4096,16384",
+    d: Annotated[str, typer.Option(help="Head dims, comma-separated.")] = "64,128",
+    heads: Annotated[int, typer.Option(help="Heads (batch 1).")] = 32,
+    causal: Annotated[str, typer.Option(help="no, yes or both.")] = "both",
+    tiles: Annotated[str, typer.Option(help="FA-2 tile shapes B_rxB_c to time; the first is the headline.")] = "128x64",
+    naive_max_n: Annotated[int, typer.Option(help="Time the naive path only up to this N.")] = 16384,
+    math_max_n: Annotated[int, typer.Option(help="Compare against SDPA's math backend only up to this N.")] = 4096,
+    dram_from: Annotated[Path | None, typer.Option(help="A saved `gpu profile --save` result: DRAM bytes / time "
+                                                       "for the configurations it measured.")] = None,
+    seed: Annotated[int, typer.Option(help="Input seed.")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
+    save: Annotated[Path | None, typer.Option(help=SAVE_HELP)] = None,
+) -> None:
+    """FA-2 kernel vs PyTorch SDPA flash (fp16, B=1): TFLOP/s, % of peak, bandwidth, max-abs vs math."""
+    from simflash.backends import report
+    from simflash.backends.bench import BenchConfig, dram_by_config
+    from simflash.backends.bench import bench as run_bench
+    from simflash.backends.kernels import device_info
+
+    masks = {"no": (False,), "yes": (True,), "both": (False, True)}
+    if causal not in masks:
+        raise typer.BadParameter(f"expected one of {list(masks)}, got {causal!r}", param_hint="--causal")
+    try:
+        shapes = tuple(tuple(int(x) for x in shape.split("x")) for shape in tiles.split(","))
+    except ValueError:
+        raise typer.BadParameter(f"expected shapes like 128x64,64x64, got {tiles!r}", param_hint="--tiles") from None
+    dram = dram_by_config(json.loads(dram_from.read_text())) if dram_from is not None else {}
+    with _user_errors():
+        configs = [BenchConfig(size, dim, heads, mask) for dim in _ints("d", d) for size in _ints("n", n)
+                   for mask in masks[causal]]
+        device = device_info()
+        console = make_console(stderr=True)
+
+        def progress(row: dict) -> None:
+            c = row["config"]
+            console.print(f"N={c['n']} d={c['d']} causal={c['causal']}: "
+                          f"{next(iter(row['fa2'].values()))['tflops']:.1f} TFLOP/s")
+
+        rows = run_bench(configs, seed, progress=None if as_json else progress, dram=dram, tiles=shapes,
+                         naive_max_n=naive_max_n, math_max_n=math_max_n)
+    result = {"command": _command_line(), "device": device, "rows": rows}
+    _emit(result, as_json, save, [("FA-2 kernel vs SDPA flash, fp16, B=1", report.bench_table(rows)),
+                                  ("FA-2 by tile shape", report.tiles_table(rows))])
+
+
+@gpu_app.command("sdpa-check")
+def sdpa_check(
+    n: Annotated[int, typer.Option(help="Sequence length.")] = 4096,
+    d: Annotated[int, typer.Option(help="Head dim.")] = 128,
+    heads: Annotated[int, typer.Option(help="Heads (batch 1).")] = 32,
+    causal: Annotated[bool, typer.Option(help="is_causal=True.")] = False,
+    both_masks: Annotated[bool, typer.Option(help="Check without and with the causal mask.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
+    save: Annotated[Path | None, typer.Option(help=SAVE_HELP)] = None,
+) -> None:
+    """Constrain PyTorch SDPA to one backend at a time; report the kernels the profiler saw."""
+    from simflash.backends import report
+    from simflash.backends.sdpa import sdpa_check as run_check
+
+    with _user_errors():
+        masks = (False, True) if both_masks else (causal,)
+        result = {"command": _command_line(), "checks": [run_check(n, d, mask, heads) for mask in masks]}
+    _emit(result, as_json, save, [("SDPA backends and the kernels they ran", report.sdpa_table(result["checks"]))])
+    if any(e["verdict"] == "FALLBACK TO MATH" for check in result["checks"] for e in check["backends"]):
+        raise typer.Exit(1)
+
+
+@gpu_app.command()
+def sanitize(
+    tool: Annotated[str, typer.Option(help="compute-sanitizer tools, comma-separated.")] = "memcheck,racecheck",
+    save: Annotated[Path | None, typer.Option(help="Write the sanitizers' full output here.")] = None,
+) -> None:
+    """compute-sanitizer over both kernels, both builds, on small configurations."""
+    from simflash.backends.sanitize import run
+
+    with _user_errors():
+        results = [run(name) for name in tool.split(",")]
+    if save is not None:
+        save.write_text("".join(f"$ {r['command']}\n{r['output']}\n" for r in results))
+    for r in results:
+        typer.echo(f"{r['tool']}: {'clean' if r['clean'] else 'NOT CLEAN'} (exit {r['exit_code']})")
+    if not all(r["clean"] for r in results):
+        raise typer.Exit(1)
+
+
+@gpu_app.command("report")
+def report_command(
+    folder: Annotated[Path, typer.Argument(help="Folder of saved results (validate.json, profile.json, ...).")],
+) -> None:
+    """Markdown tables of saved GPU results, as docs/gpu.md shows them."""
+    from simflash.backends import report
+
+    results = report.load(folder)
+    if not results:
+        raise typer.BadParameter(f"no saved results in {folder} (expected {', '.join(report.RESULT_FILES.values())})")
+    for name, table in report.tables(results).items():
+        typer.echo(f"<!-- {name} -->\n{report.markdown(table)}\n")
 
 
 def register(app: typer.Typer) -> None:
-    """Add this group's commands to the simflash app."""
+    """Add the `gpu` command group to the simflash app."""
+    app.add_typer(gpu_app, name="gpu")
+

@@ -1,0 +1,170 @@
+"""Timing on the GPU: the FA-2 kernel against PyTorch SDPA's FLASH backend in the same process, on the
+same inputs, with the same timer (CUDA events around each call, median of repeats after a warm-up).
+
+Per configuration: TFLOP/s (FLOPs = 4 B H N^2 d, halved when causal) and its share of the GPU's peak
+from simflash.config.GPUS, the ratio to SDPA flash, the naive three-kernel path, achieved bandwidth
+(logical bytes / time, and DRAM bytes / time where a profile measured them) against HBM peak, and
+the largest absolute difference of each output from SDPA's math backend.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import attrs
+import numpy as np
+
+import simflash as sf
+from simflash.backends.flash2 import launch, poisoned_output
+from simflash.backends.kernels import Flash2Kernel, import_cupy
+from simflash.backends.naive import NaivePath
+from simflash.schedule import TileSchedule
+
+BENCH_N = (1024, 4096, 16384)
+BENCH_D = (64, 128)
+BENCH_HEADS = 32
+DTYPE = "float16"
+MIN_TOTAL_MS = 200.0  # repeat until the timed calls add up to about this
+REPS = (5, 50)  # fewest and most timed calls
+
+
+@attrs.frozen
+class BenchConfig:
+    n: int
+    d: int
+    heads: int = BENCH_HEADS
+    causal: bool = False
+
+    @property
+    def flops(self) -> int:
+        full = 4 * self.heads * self.n * self.n * self.d
+        return full // 2 if self.causal else full
+
+
+def time_ms(fn) -> dict:
+    """Median milliseconds of `fn` on the device, CUDA events around each call, after a warm-up."""
+    cupy = import_cupy()
+    for _ in range(2):
+        fn()
+    cupy.cuda.Device().synchronize()
+
+    def once() -> float:
+        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        return cupy.cuda.get_elapsed_time(start, stop)
+
+    first = once()
+    reps = int(min(REPS[1], max(REPS[0], MIN_TOTAL_MS // max(first, 1e-3))))
+    times = [once() for _ in range(reps)]
+    return {"ms": statistics.median(times), "reps": reps, "min_ms": min(times), "max_ms": max(times)}
+
+
+def _torch():
+    try:
+        import torch
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:
+        return None
+    return torch, SDPBackend, sdpa_kernel
+
+
+def bench_config(config: BenchConfig, seed: int, tiles: tuple[tuple[int, int], ...] = ((128, 64),),
+                 naive_max_n: int = 16384, math_max_n: int = 4096, gpu: str = "H200",
+                 dram: dict | None = None) -> dict:
+    """Time one configuration every way; `dram` maps kernel -> DRAM bytes a profile measured for it."""
+    cupy = import_cupy()
+    c = config
+    spec = sf.GPUS[gpu]
+    peak_flops, peak_bytes = spec.peak_flops[DTYPE], spec.hbm_bytes_per_s
+    rng = cupy.random.default_rng(seed)
+    Q, K, V = (rng.standard_normal((c.heads, c.n, c.d), dtype=cupy.float32).astype(cupy.float16) for _ in range(3))
+    scale = 1.0 / float(np.sqrt(c.d))
+    row: dict = {"config": attrs.asdict(c), "flops": c.flops}
+
+    def rate(timing: dict) -> dict:
+        tflops = c.flops / (timing["ms"] * 1e-3) / 1e12
+        return {**timing, "tflops": tflops, "pct_peak": 100 * tflops * 1e12 / peak_flops}
+
+    def bandwidth(nbytes: int, timing: dict) -> dict:
+        per_s = nbytes / (timing["ms"] * 1e-3)
+        return {"bytes": nbytes, "GBps": per_s / 1e9, "pct_hbm_peak": 100 * per_s / peak_bytes}
+
+    # -- the FA-2 kernel, timed build, each tile shape asked for (the first is the headline)
+    O = poisoned_output(Q.shape, DTYPE)
+    row["fa2"] = {}
+    for block_q, block_kv in tiles:
+        sched = TileSchedule(c.n, c.n, block_q, block_kv, causal=c.causal)
+        kernel = Flash2Kernel(DTYPE, block_q, block_kv, c.d)
+        timing = rate(time_ms(lambda: launch(kernel, Q, K, V, O, sched, scale)))
+        logical = sf.model.flash_traffic(c.n, c.d, block_q, block_kv, DTYPE, c.causal, heads=c.heads).total_bytes
+        timing["logical_bandwidth"] = bandwidth(logical, timing)
+        row["fa2"][f"{block_q}x{block_kv}"] = timing
+    headline = row["fa2"][f"{tiles[0][0]}x{tiles[0][1]}"]
+    launch(Flash2Kernel(DTYPE, tiles[0][0], tiles[0][1], c.d), Q, K, V, O,
+           TileSchedule(c.n, c.n, tiles[0][0], tiles[0][1], causal=c.causal), scale)
+    O_fa2 = O.view(cupy.float16)
+    if dram and "flash2_forward" in dram:
+        headline["dram_bandwidth"] = bandwidth(dram["flash2_forward"], headline)
+
+    # -- the naive three-kernel path
+    outputs = {"fa2": O_fa2}
+    if c.n <= naive_max_n:
+        path = NaivePath(Q, K, V, TileSchedule(c.n, c.n, c.n, c.n, causal=c.causal), scale)
+        timing = rate(time_ms(path.run))
+        timing["logical_bandwidth"] = bandwidth(path.traffic().total_bytes, timing)
+        if dram and "naive" in dram:
+            timing["dram_bandwidth"] = bandwidth(dram["naive"], timing)
+        row["naive"] = timing
+        outputs["naive"] = path.O.view(cupy.float16)
+        del path
+
+    # -- PyTorch SDPA on the same memory
+    found = _torch()
+    if found is None:
+        row["sdpa"] = "torch is not installed"
+    else:
+        torch, SDPBackend, sdpa_kernel = found
+        q, k, v = (torch.from_dlpack(x).view(1, c.heads, c.n, c.d) for x in (Q, K, V))
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            row["sdpa_flash"] = rate(time_ms(lambda: sdpa(q, k, v, is_causal=c.causal)))
+            outputs["sdpa_flash"] = cupy.from_dlpack(sdpa(q, k, v, is_causal=c.causal)).reshape(Q.shape)
+        row["ratio_vs_sdpa_flash"] = headline["tflops"] / row["sdpa_flash"]["tflops"]
+        if c.n <= math_max_n:
+            with sdpa_kernel(SDPBackend.MATH):
+                math_out = cupy.from_dlpack(sdpa(q, k, v, is_causal=c.causal)).reshape(Q.shape).astype(cupy.float32)
+            row["max_abs_vs_sdpa_math"] = {name: float(cupy.abs(out.astype(cupy.float32) - math_out).max())
+                                           for name, out in outputs.items()}
+        torch.cuda.empty_cache()
+    cupy.get_default_memory_pool().free_all_blocks()
+    return row
+
+
+def bench(configs: list[BenchConfig], seed: int = 0, progress=None, dram: dict[tuple, dict] | None = None,
+          **options) -> list[dict]:
+    """Every configuration in turn; `dram` as from dram_by_config (a saved profile), when there is one."""
+    rows = []
+    for index, config in enumerate(configs):
+        measured = (dram or {}).get((config.n, config.d, config.heads, config.causal))
+        rows.append(bench_config(config, seed + index, dram=measured, **options))
+        if progress is not None:
+            progress(rows[-1])
+    return rows
+
+
+def dram_by_config(profile_result: dict) -> dict[tuple, dict]:
+    """From a profile result: (n, d, heads, causal) -> {"flash2_forward": bytes, "naive": bytes}."""
+    out = {}
+    for entry in profile_result["configs"]:
+        cfg = entry["config"]
+        if cfg["causal_variant"] != "upper_left" or (cfg["block_q"], cfg["block_kv"]) != (128, 64):
+            continue
+        kernels = {row["kernel"]: row["dram_bytes"] for row in entry["kernels"]}
+        found = {"flash2_forward": kernels["flash2_forward"]}
+        if "softmax" in kernels:
+            found["naive"] = kernels["gemm_qk"] + kernels["softmax"] + kernels["gemm_pv"]
+        out[(cfg["n"], cfg["d"], cfg["heads"], cfg["causal"])] = found
+    return out

@@ -1,0 +1,134 @@
+"""FA-2 forward on a real GPU: the kernel of flash2_forward.cu, launched like simflash.flash_attention.
+
+`flash_attention` takes host arrays, checks them exactly as the simulator does, runs the kernel
+(instrumented by default, so the run carries the HBM bytes the kernel counted and the m, l trace of one
+tile) and hands back a GPURun whose `traffic` compares equal to the simulator's. `launch` is the
+device-array entry point the timing and profiling code uses.
+"""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+
+from simflash.api import _prepare
+from simflash.backends.kernels import Flash2Kernel, import_cupy
+from simflash.memory import Flow, Traffic
+from simflash.schedule import TileSchedule
+
+KERNEL = "flash2_forward"  # the ledger's kernel name, as in the simulator
+COUNTED_TENSORS = ("Q", "K", "V", "O")  # order of the kernel's bytes_moved counters
+# Output poison: a NaN bit pattern per storage dtype, so an element the kernel never wrote shows up.
+POISON_BITS = {"float16": 0x7E00, "bfloat16": 0x7FC0}
+
+
+@attrs.frozen
+class TileStats:
+    """m_i and l_i of query tile `i` (head `head`) right after KV tile `j`, as the kernel recorded them."""
+
+    head: int
+    i: int
+    j: int
+    row_start: int
+    m: np.ndarray  # (rows,) float32: running max of the scaled scores
+    l: np.ndarray  # noqa: E741  (rows,) float32: running sum of exp(S - m)
+
+
+@attrs.frozen(eq=False)
+class GPURun:
+    """What a GPU run leaves: the output (host copy, storage dtype), the counted traffic and trace."""
+
+    out: np.ndarray
+    traffic: Traffic | None  # None for an uninstrumented run
+    counted: frozenset[tuple[str, str]]  # ledger keys counted on the device (the rest are logical)
+    trace: tuple[TileStats, ...]
+    resources: dict
+
+
+def device_view(x, dtype: str):
+    """A host array in storage dtype as a contiguous device array of its 16-bit patterns."""
+    cupy = import_cupy()
+    return cupy.asarray(np.ascontiguousarray(x).view(np.uint16))
+
+
+def poisoned_output(shape: tuple[int, ...], dtype: str):
+    cupy = import_cupy()
+    return cupy.full(shape, POISON_BITS[dtype], dtype=cupy.uint16)
+
+
+def launch(kernel: Flash2Kernel, Q, K, V, O, sched: TileSchedule, scale: float, counters=None, trace=None) -> None:
+    """Run the kernel on device arrays Q (H, n_q, d), K, V (H, n_kv, d) and O (H, n_q, d), 16-bit.
+
+    counters: a device uint64 array of 4 (instrumented build); trace: (head, tile, m, l) with m, l
+    device float32 arrays of (T_c, block_q) for the chosen tile.
+    """
+    heads, n_q, d = Q.shape
+    if (n_q, sched.n_kv) != (sched.n_q, K.shape[1]) or d != kernel.d or K.shape != V.shape:
+        raise ValueError(f"shapes Q {Q.shape}, K {K.shape}, V {V.shape} do not match the schedule and d={kernel.d}")
+    null = np.uint64(0)
+    trace_head, trace_tile, trace_m, trace_l = trace if trace is not None else (-1, -1, null, null)
+    kernel.function()(
+        (sched.n_q_tiles, heads),
+        (kernel.threads,),
+        (Q, K, V, O, np.int32(n_q), np.int32(sched.n_kv), np.float32(scale), np.int32(sched.causal),
+         np.int32(sched.diagonal_offset), null if counters is None else counters,
+         np.int32(trace_head), np.int32(trace_tile), trace_m, trace_l),
+        shared_mem=kernel.shared_bytes,
+    )
+
+
+def flash_attention(
+    q, k, v, block_q: int = 128, block_kv: int = 64, causal: bool = False, causal_variant: str = "upper_left",
+    scale: float | None = None, dtype: str = "float16", *, instrumented: bool = True,
+    trace_head: int | None = None, trace_tile: int | None = None,
+) -> GPURun:
+    """FA-2 forward on the GPU. q: (..., n_q, d); k, v: (..., n_kv, d); same checks as the simulator.
+
+    instrumented: run the counting build, so `traffic` holds the bytes the kernel moved (the timed
+    build leaves it None). trace_head/trace_tile pick the one query tile whose m, l are recorded
+    after every KV tile (instrumented build only; default: none).
+    """
+    Q, K, V, scale = _prepare(q, k, v, dtype, scale, causal_variant)
+    heads, n_q, d = Q.shape
+    kernel = Flash2Kernel(dtype, block_q, block_kv, d, bool(instrumented))
+    sched = TileSchedule(n_q, K.shape[1], block_q, block_kv, causal=bool(causal), causal_variant=causal_variant)
+    traced = trace_head is not None or trace_tile is not None
+    if traced and not instrumented:
+        raise ValueError("trace_head/trace_tile need instrumented=True: the timed build records nothing")
+    if traced and not (trace_head is not None and 0 <= trace_head < heads and trace_tile is not None
+                       and 0 <= trace_tile < sched.n_q_tiles):
+        raise ValueError(f"trace_head must be in [0, {heads}) and trace_tile in [0, {sched.n_q_tiles}), "
+                         f"got {trace_head!r} and {trace_tile!r}")
+
+    cupy = import_cupy()
+    Q_d, K_d, V_d = (device_view(x, dtype) for x in (Q, K, V))
+    O_d = poisoned_output(Q.shape, dtype)
+    counters = cupy.zeros(len(COUNTED_TENSORS), dtype=cupy.uint64) if instrumented else None
+    trace = None
+    if traced:
+        T_c = len(sched.kv_tiles(trace_tile))
+        m = cupy.full((max(T_c, 1), block_q), np.nan, dtype=cupy.float32)
+        trace = (trace_head, trace_tile, m, cupy.full_like(m, np.nan))
+    launch(kernel, Q_d, K_d, V_d, O_d, sched, scale, counters, trace)
+
+    out = O_d.get().view(Q.dtype).reshape(np.shape(q))
+    traffic = None
+    if instrumented:
+        read_Q, read_K, read_V, written_O = (int(c) for c in counters.get())
+        traffic = Traffic({
+            (KERNEL, "Q"): Flow(read_bytes=read_Q),
+            (KERNEL, "K"): Flow(read_bytes=read_K),
+            (KERNEL, "V"): Flow(read_bytes=read_V),
+            (KERNEL, "O"): Flow(write_bytes=written_O),
+        })
+    steps: tuple[TileStats, ...] = ()
+    if trace is not None:
+        rows = sched.q_rows(trace_tile)
+        m_host, l_host = trace[2].get(), trace[3].get()
+        steps = tuple(
+            TileStats(trace_head, trace_tile, j, rows.start, m_host[n, : rows.stop - rows.start].copy(),
+                      l_host[n, : rows.stop - rows.start].copy())
+            for n, j in enumerate(sched.kv_tiles(trace_tile))
+        )
+    counted = frozenset((KERNEL, t) for t in COUNTED_TENSORS) if instrumented else frozenset()
+    return GPURun(out=out, traffic=traffic, counted=counted, trace=steps, resources=kernel.resources())

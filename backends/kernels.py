@@ -1,0 +1,169 @@
+"""The CUDA kernels: sources read as package data, compiled through CuPy's RawModule, one template
+instantiation per configuration (name_expressions), and the configurations they are built for.
+
+CuPy is imported here, lazily, and nowhere at module level: `import simflash` never needs a GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import re
+
+import attrs
+
+# Template argument DT of the kernels (StorageType in ptx.cuh): 16-bit storage on the tensor cores.
+STORAGE_TYPES = {"float16": 0, "bfloat16": 1}
+# The instantiations the FA-2 kernel is built for.
+HEAD_DIMS = (64, 128)
+BLOCK_Q = (64, 128)  # B_r: a multiple of 16, one warp per 16 rows
+BLOCK_KV = (32, 64, 128)  # B_c: a multiple of 16
+COMPILE_OPTIONS = ("--std=c++17",)
+SOFTMAX_THREADS = 256  # naive_softmax.cu's block size
+CUPY_HINT = "install CuPy for your CUDA version: pip install 'simflash[cuda13]' (or 'simflash[cuda12]')"
+
+
+def import_cupy():
+    """CuPy, or a RuntimeError saying how to get it."""
+    try:
+        import cupy
+    except ImportError as error:
+        raise RuntimeError(f"the GPU backend needs CuPy; {CUPY_HINT}") from error
+    return cupy
+
+
+def gpu_available() -> bool:
+    """True when CuPy imports and sees a CUDA device."""
+    try:
+        import cupy
+    except ImportError:
+        return False
+    return bool(cupy.is_available())
+
+
+def kernel_source(filename: str) -> str:
+    """The text of a kernel source shipped with the package, its local #include "x.cuh" lines inlined
+    (NVRTC compiles from a string and sees no files)."""
+    text = importlib.resources.files("simflash.backends").joinpath(filename).read_text(encoding="utf-8")
+    return re.sub(r'^#include "([^"]+)"$', lambda m: kernel_source(m.group(1)), text, flags=re.MULTILINE)
+
+
+@functools.cache
+def compiled(filename: str, name_expression: str):
+    """The cupy.RawKernel of one template instantiation (compiled once per process; CuPy also caches
+    the binary on disk)."""
+    cupy = import_cupy()
+    module = cupy.RawModule(code=kernel_source(filename), options=COMPILE_OPTIONS, name_expressions=[name_expression])
+    return module.get_function(name_expression)
+
+
+def _choice(name: str, value, choices) -> None:
+    if isinstance(value, bool) or value not in choices:
+        raise ValueError(f"{name} must be one of {list(choices)} for the GPU kernel, got {value!r}")
+
+
+def device_shared_bytes() -> int:
+    """The most shared memory one CTA may use on the current device (the opt-in limit)."""
+    cupy = import_cupy()
+    runtime = cupy.cuda.runtime
+    return int(runtime.deviceGetAttribute(runtime.cudaDevAttrMaxSharedMemoryPerBlockOptin, cupy.cuda.Device().id))
+
+
+def _fit_shared(kernel, dynamic_bytes: int, what: str):
+    """Raise the kernel's dynamic shared-memory limit to `dynamic_bytes`, or refuse what cannot fit."""
+    limit = device_shared_bytes()
+    total = dynamic_bytes + kernel.shared_size_bytes
+    if total > limit:
+        raise ValueError(f"{what} needs {total} bytes of shared memory per CTA; this GPU allows {limit}")
+    kernel.max_dynamic_shared_size_bytes = dynamic_bytes
+    return kernel
+
+
+@attrs.frozen
+class Flash2Kernel:
+    """One instantiation of flash2_forward.cu: storage dtype, B_r, B_c, head dim, and the build."""
+
+    dtype: str = "float16"
+    block_q: int = 128
+    block_kv: int = 64
+    d: int = 128
+    instrumented: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        _choice("dtype", self.dtype, STORAGE_TYPES)
+        _choice("block_q", self.block_q, BLOCK_Q)
+        _choice("block_kv", self.block_kv, BLOCK_KV)
+        _choice("d", self.d, HEAD_DIMS)
+
+    @property
+    def name_expression(self) -> str:
+        build = "true" if self.instrumented else "false"
+        return f"flash2_forward<{STORAGE_TYPES[self.dtype]}, {self.block_q}, {self.block_kv}, {self.d}, {build}>"
+
+    @property
+    def threads(self) -> int:
+        return self.block_q // 16 * 32
+
+    @property
+    def shared_bytes(self) -> int:
+        """Dynamic shared memory: Q_i, and K_j and V_j double-buffered, 2 bytes a value."""
+        return (self.block_q + 4 * self.block_kv) * self.d * 2
+
+    def function(self):
+        """The compiled kernel, its shared-memory limit raised; refused where the GPU cannot hold it."""
+        what = f"flash2_forward with block_q={self.block_q}, block_kv={self.block_kv}, d={self.d}"
+        return _fit_shared(compiled("flash2_forward.cu", self.name_expression), self.shared_bytes, what)
+
+    def resources(self) -> dict:
+        """What the compiler gave the kernel: registers, spills to local memory, shared memory."""
+        kernel = self.function()
+        return {
+            "kernel": self.name_expression,
+            "threads": self.threads,
+            "registers": int(kernel.num_regs),
+            "local_bytes": int(kernel.local_size_bytes),
+            "shared_bytes": self.shared_bytes + int(kernel.shared_size_bytes),
+        }
+
+
+@attrs.frozen
+class SoftmaxKernel:
+    """One instantiation of naive_softmax.cu (kernel 2 of the naive path)."""
+
+    dtype: str = "float16"
+    instrumented: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        _choice("dtype", self.dtype, STORAGE_TYPES)
+
+    @property
+    def name_expression(self) -> str:
+        return f"naive_softmax<{STORAGE_TYPES[self.dtype]}, {'true' if self.instrumented else 'false'}>"
+
+    def function(self, n_kv: int):
+        """The compiled kernel with room for one row of n_kv scores in shared memory."""
+        what = f"naive_softmax with n_kv={n_kv} (one row of S in shared memory)"
+        return _fit_shared(compiled("naive_softmax.cu", self.name_expression), n_kv * 2, what)
+
+
+def supported() -> dict:
+    """The configurations the GPU kernels are instantiated for, by argument."""
+    return {"dtype": list(STORAGE_TYPES), "d": list(HEAD_DIMS), "block_q": list(BLOCK_Q), "block_kv": list(BLOCK_KV)}
+
+
+def device_info() -> dict:
+    """The current GPU and the software that drives it, for the records."""
+    cupy = import_cupy()
+    runtime = cupy.cuda.runtime
+    device = cupy.cuda.Device()
+    props = runtime.getDeviceProperties(device.id)
+    return {
+        "name": props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"]),
+        "compute_capability": device.compute_capability,
+        "sm_count": int(props["multiProcessorCount"]),
+        "l2_bytes": int(props["l2CacheSize"]),
+        "shared_bytes_per_block_optin": device_shared_bytes(),
+        "driver_version": runtime.driverGetVersion(),
+        "runtime_version": runtime.runtimeGetVersion(),
+        "cupy": cupy.__version__,
+    }

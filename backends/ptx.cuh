@@ -1,0 +1,121 @@
+// The few PTX instructions the simflash kernels are built from.
+//
+// Self-contained (no CUDA headers), so the same text compiles under NVRTC (CuPy RawModule) and nvcc.
+// 16-bit storage values travel as raw bits (storage_t); Storage<DT> converts and multiplies them.
+#pragma once
+
+typedef unsigned short storage_t;  // one fp16 or bf16 value, as bits
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define SIMFLASH_NEG_INF (__int_as_float(0xff800000))
+
+enum StorageType { FLOAT16 = 0, BFLOAT16 = 1 };
+
+template <int DT>
+struct Storage;
+
+template <>
+struct Storage<FLOAT16> {
+  // Two floats rounded to nearest into one 32-bit register: lo in the low half.
+  static __device__ __forceinline__ u32 pack(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+  }
+  static __device__ __forceinline__ float to_float(storage_t x) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x));
+    return f;
+  }
+  static __device__ __forceinline__ storage_t from_float(float f) {
+    storage_t x;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(x) : "f"(f));
+    return x;
+  }
+  // c (16x8, fp32) += a (16x16, row) * b (16x8, col) on the tensor cores.
+  static __device__ __forceinline__ void mma(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+template <>
+struct Storage<BFLOAT16> {
+  static __device__ __forceinline__ u32 pack(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+  }
+  static __device__ __forceinline__ float to_float(storage_t x) {
+    return __uint_as_float(((u32)x) << 16);
+  }
+  static __device__ __forceinline__ storage_t from_float(float f) {
+    storage_t x;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(x) : "f"(f));
+    return x;
+  }
+  static __device__ __forceinline__ void mma(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+// 2^x with the special-function unit; 2^-inf = 0.
+static __device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+static __device__ __forceinline__ u32 shared_address(const void* p) {
+  u64 a;
+  asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
+  return (u32)a;
+}
+
+// Asynchronous 16-byte copy HBM -> shared memory; src_bytes = 0 reads nothing and writes zeros.
+static __device__ __forceinline__ void cp_async_16(u32 dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes)
+               : "memory");
+}
+static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int PENDING>
+static __device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(PENDING) : "memory");
+}
+
+// Four 8x8 16-bit matrices from shared memory; lanes 8k..8k+7 give the row addresses of matrix k.
+static __device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], u32 addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+static __device__ __forceinline__ void ldmatrix_x4_trans(u32 (&r)[4], u32 addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+
+// Sum of a per-thread byte count over the block; thread 0 adds it to *total (one atomic per call).
+template <int THREADS>
+static __device__ __forceinline__ void block_count(u64* total, u64 mine, u64* scratch) {
+  for (int offset = 16; offset > 0; offset >>= 1) mine += __shfl_xor_sync(0xffffffffu, mine, offset);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();
+  if (lane == 0) scratch[warp] = mine;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    u64 sum = 0;
+    for (int w = 0; w < THREADS / 32; ++w) sum += scratch[w];
+    atomicAdd(total, sum);
+  }
+}

@@ -1,0 +1,176 @@
+"""Tables from the GPU results (validate, profile, bench, sdpa-check JSON): the rows the CLI prints and
+the Markdown the docs carry. Pure Python: it reads results, it runs nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from simflash.config import MiB
+
+Table = tuple[list[str], list[list[str]]]  # headers, rows
+RESULT_FILES = {"validate": "validate.json", "profile": "profile.json", "bench": "bench.json",
+                "sdpa": "sdpa_check.json"}
+
+
+def _mib(nbytes) -> str:
+    return "–" if nbytes is None else f"{nbytes / MiB:,.2f}"
+
+
+def _ratio(value, logical) -> str:
+    return "–" if value is None or not logical else f"{value / logical:.3f}"
+
+
+def _percent(fraction) -> str:
+    return "–" if fraction is None else f"{100 * fraction:.1f}%"
+
+
+def _mask(config: dict) -> str:
+    return config["causal_variant"] if config["causal"] else "full"
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "NO"
+
+
+def validate_table(result: dict) -> Table:
+    """One row per (dtype, n_q, n_kv, d, tiles): worst errors over the masks, and whether every check held."""
+    groups: dict[tuple, list[dict]] = {}
+    for record in result["records"]:
+        c = record["config"]
+        groups.setdefault((c["dtype"], c["n_q"], c["n_kv"], c["d"], c["block_q"], c["block_kv"]), []).append(record)
+    headers = ["dtype", "n_q", "n_kv", "d", "B_r x B_c", "masks", "max rel. error GPU", "max rel. error naive",
+               "2x rule", "bytes = simulator = model", "m, l trace", "timed = instrumented", "naive GPU"]
+    rows = []
+    for (dtype, n_q, n_kv, d, block_q, block_kv), records in groups.items():
+        naive = [r["naive_gpu"] for r in records if "naive_gpu" in r]
+        rows.append([
+            dtype, str(n_q), str(n_kv), str(d), f"{block_q}x{block_kv}",
+            ",".join(_mask(r["config"]) for r in records),
+            f"{max(r['error']['gpu'] for r in records):.2e}",
+            f"{max(r['error']['naive_same_dtype'] for r in records):.2e}",
+            _yes(all(r["error"]["within_fa_rule"] for r in records)),
+            _yes(all(r["traffic"]["equals_simulator"] and r["traffic"]["equals_model"] for r in records)),
+            _yes(all(r["trace"]["ok"] for r in records)),
+            _yes(all(r["timed_equals_instrumented"] for r in records)),
+            "–" if not naive else f"{max(n['error'] for n in naive):.2e}",
+        ])
+    return headers, rows
+
+
+def _config_label(config: dict) -> str:
+    return f"N={config['n']} d={config['d']} H={config['heads']} {_mask(config)}"
+
+
+def profile_table(result: dict) -> Table:
+    """Per kernel: logical, instrumented, L2 and DRAM bytes (MiB), each DRAM/L2 figure over logical."""
+    headers = ["config", "kernel", "logical MiB", "instrumented MiB", "L2 from SMs MiB", "L2/logical",
+               "L2 read hits", "L2 all MiB", "DRAM read MiB", "DRAM write MiB", "DRAM/logical", "time µs"]
+    rows = []
+    for entry in result["configs"]:
+        for k in entry["kernels"]:
+            rows.append([
+                _config_label(entry["config"]), k["kernel"], _mib(k["logical_bytes"]), _mib(k["instrumented_bytes"]),
+                _mib(k.get("l2_sm_bytes")), _ratio(k.get("l2_sm_bytes"), k["logical_bytes"]),
+                _percent(k.get("l2_read_hit_rate")), _mib(k.get("l2_all_bytes")), _mib(k["dram_read_bytes"]), _mib(k["dram_write_bytes"]),
+                _ratio(k["dram_bytes"], k["logical_bytes"]), f"{k['time_ns'] / 1e3:,.1f}",
+            ])
+    return headers, rows
+
+
+def sweep_table(result: dict) -> Table:
+    """Per configuration, each path's DRAM and L2 traffic over its logical traffic."""
+    headers = ["N", "H", "mask", "naive logical MiB", "naive DRAM/logical", "FA-2 logical MiB",
+               "FA-2 L2 from SMs/logical", "FA-2 L2 read hits", "FA-2 DRAM/logical", "FA-2 DRAM / compulsory"]
+    rows = []
+    for entry in result["configs"]:
+        c = entry["config"]
+        kernels = {k["kernel"]: k for k in entry["kernels"]}
+        flash = kernels["flash2_forward"]
+        compulsory = 4 * c["heads"] * c["n"] * c["d"] * 2  # Q, K, V read once, O written once
+        naive = [kernels[s] for s in ("gemm_qk", "softmax", "gemm_pv") if s in kernels]
+        naive_logical = sum(k["logical_bytes"] for k in naive) if naive else None
+        rows.append([
+            str(c["n"]), str(c["heads"]), _mask(c), _mib(naive_logical),
+            _ratio(sum(k["dram_bytes"] for k in naive), naive_logical) if naive else "–",
+            _mib(flash["logical_bytes"]), _ratio(flash.get("l2_sm_bytes"), flash["logical_bytes"]),
+            _percent(flash.get("l2_read_hit_rate")), _ratio(flash["dram_bytes"], flash["logical_bytes"]), _ratio(flash["dram_bytes"], compulsory),
+        ])
+    return headers, rows
+
+
+def bench_table(rows_in: list[dict]) -> Table:
+    headers = ["N", "d", "causal", "FA-2 TFLOP/s", "% peak", "SDPA flash TFLOP/s", "FA-2 / SDPA flash",
+               "naive TFLOP/s", "FA-2 logical GB/s (% HBM)", "naive logical GB/s (% HBM)", "FA-2 DRAM GB/s",
+               "naive DRAM GB/s", "max abs diff FA-2 vs math", "max abs diff naive vs math"]
+    rows = []
+    for row in rows_in:
+        c = row["config"]
+        fa2 = next(iter(row["fa2"].values()))
+        naive = row.get("naive")
+        sdpa = row.get("sdpa_flash")
+        diffs = row.get("max_abs_vs_sdpa_math", {})
+
+        def bw(timing, key):
+            return "–" if not timing or key not in timing else (
+                f"{timing[key]['GBps']:,.0f} ({timing[key]['pct_hbm_peak']:.0f}%)")
+
+        rows.append([
+            str(c["n"]), str(c["d"]), "yes" if c["causal"] else "no", f"{fa2['tflops']:.1f}", f"{fa2['pct_peak']:.1f}",
+            "–" if not sdpa else f"{sdpa['tflops']:.1f}",
+            "–" if "ratio_vs_sdpa_flash" not in row else f"{row['ratio_vs_sdpa_flash']:.2f}",
+            "–" if not naive else f"{naive['tflops']:.1f}",
+            bw(fa2, "logical_bandwidth"), bw(naive, "logical_bandwidth"), bw(fa2, "dram_bandwidth"),
+            bw(naive, "dram_bandwidth"),
+            f"{diffs['fa2']:.2e}" if "fa2" in diffs else "–", f"{diffs['naive']:.2e}" if "naive" in diffs else "–",
+        ])
+    return headers, rows
+
+
+def tiles_table(rows_in: list[dict]) -> Table:
+    """FA-2 TFLOP/s by tile shape, where a bench timed more than one."""
+    shapes = list(dict.fromkeys(shape for row in rows_in for shape in row["fa2"]))
+    headers = ["N", "d", "causal", *[f"{shape} TFLOP/s" for shape in shapes]]
+    rows = [[str(r["config"]["n"]), str(r["config"]["d"]), "yes" if r["config"]["causal"] else "no",
+             *[f"{r['fa2'][s]['tflops']:.1f}" if s in r["fa2"] else "–" for s in shapes]] for r in rows_in]
+    return headers, rows
+
+
+def sdpa_table(results: list[dict]) -> Table:
+    headers = ["N", "d", "causal", "backend", "verdict", "kernels"]
+    rows = []
+    for result in results:
+        for entry in result["backends"]:
+            kernels = "; ".join(name[:60] for name in entry["kernels"]) or entry.get("error", "")
+            rows.append([str(result["n"]), str(result["d"]), "yes" if result["causal"] else "no", entry["backend"],
+                         entry["verdict"], kernels])
+    return headers, rows
+
+
+def markdown(table: Table) -> str:
+    headers, rows = table
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def load(folder: Path) -> dict:
+    """The results saved in `folder` (any of validate, profile, bench, sdpa_check .json)."""
+    return {key: json.loads((Path(folder) / name).read_text()) for key, name in RESULT_FILES.items()
+            if (Path(folder) / name).exists()}
+
+
+def tables(results: dict) -> dict[str, Table]:
+    """Every table the results support, by name, in the order the docs show them."""
+    out: dict[str, Table] = {}
+    if "validate" in results:
+        out["validate"] = validate_table(results["validate"])
+    if "profile" in results:
+        out["profile"] = profile_table(results["profile"])
+        out["sweep"] = sweep_table(results["profile"])
+    if "bench" in results:
+        out["bench"] = bench_table(results["bench"]["rows"])
+        out["tiles"] = tiles_table(results["bench"]["rows"])
+    if "sdpa" in results:
+        out["sdpa"] = sdpa_table(results["sdpa"]["checks"])
+    return out

@@ -1,0 +1,178 @@
+"""The GPU backend's CPU side: kernel sources, the nvcc build for sm_90, configuration refusals,
+the Nsight Compute CSV parser and the SDPA kernel classifier. No GPU needed."""
+
+from __future__ import annotations
+
+import importlib.resources
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from simflash.backends import flash2, naive, profile, sdpa
+from simflash.backends.kernels import (
+    BLOCK_KV,
+    BLOCK_Q,
+    HEAD_DIMS,
+    STORAGE_TYPES,
+    Flash2Kernel,
+    SoftmaxKernel,
+    kernel_source,
+)
+
+
+def test_sources_ship_as_package_data_with_includes_inlined():
+    for name, kernel in (("flash2_forward.cu", "flash2_forward"), ("naive_softmax.cu", "naive_softmax")):
+        text = kernel_source(name)
+        assert f"__global__ void __launch_bounds__" in text and kernel in text
+        assert '#include "' not in text  # NVRTC sees one string
+        assert "mma.sync.aligned.m16n8k16" in text  # ptx.cuh came along
+
+
+def test_name_expressions_and_shared_memory_follow_the_configuration():
+    kernel = Flash2Kernel("bfloat16", 64, 128, 128, instrumented=True)
+    assert kernel.name_expression == "flash2_forward<1, 64, 128, 128, true>"
+    assert kernel.threads == 64 // 16 * 32
+    assert kernel.shared_bytes == (64 + 2 * 2 * 128) * 128 * 2  # Q_i, then K_j and V_j double-buffered
+    assert SoftmaxKernel("float16").name_expression == "naive_softmax<0, false>"
+
+
+@pytest.mark.parametrize(
+    ("change", "argument"),
+    [(dict(d=96), "d"), (dict(block_q=100), "block_q"), (dict(block_kv=48), "block_kv"),
+     (dict(dtype="float32"), "dtype"), (dict(block_q=True), "block_q")],
+)
+def test_configurations_not_built_are_refused_naming_the_argument(change, argument):
+    kwargs = dict(dtype="float16", block_q=128, block_kv=64, d=64) | change
+    with pytest.raises(ValueError, match=rf"^{argument} must be one of .* for the GPU kernel"):
+        Flash2Kernel(**kwargs)
+
+
+def test_flash_attention_checks_inputs_before_touching_cupy(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", None)  # any CuPy import now fails
+    q = np.random.default_rng().standard_normal((2, 40, 64), dtype=np.float32)
+    with pytest.raises(ValueError, match="d must be one of"):
+        flash2.flash_attention(q[..., :48], q[..., :48], q[..., :48])
+    with pytest.raises(ValueError, match="k and v must have the same shape"):
+        flash2.flash_attention(q, q, q[:, :10])
+    with pytest.raises(ValueError, match="need instrumented=True"):
+        flash2.flash_attention(q, q, q, instrumented=False, trace_head=0, trace_tile=0)
+    with pytest.raises(ValueError, match=r"trace_head must be in \[0, 2\)"):
+        flash2.flash_attention(q, q, q, trace_head=2, trace_tile=0)
+    with pytest.raises(ValueError, match="naive GPU path"):
+        naive.naive_attention(q, q, q, dtype="float32")
+    with pytest.raises(RuntimeError, match=r"needs CuPy.*simflash\[cuda13\]"):
+        flash2.flash_attention(q, q, q)
+
+
+def test_the_supported_set_is_what_the_docs_promise():
+    assert list(STORAGE_TYPES) == ["float16", "bfloat16"]
+    assert HEAD_DIMS == (64, 128) and BLOCK_Q == (64, 128) and BLOCK_KV == (32, 64, 128)
+    assert 128 in BLOCK_Q and 64 in BLOCK_KV  # the simulator's default tiles are built
+
+
+INSTANTIATIONS = [
+    Flash2Kernel(dtype, 128, 64, d, instrumented)
+    for dtype in STORAGE_TYPES for d in HEAD_DIMS for instrumented in (False, True)
+] + [Flash2Kernel("float16", 64, 32, 64), Flash2Kernel("bfloat16", 64, 128, 64)]
+# B_c = 128 at d = 128 holds 64 fp32 scores per thread besides the 64 of a_i: ptxas spills there
+# (40 to 140 bytes); the validation records every kernel's local memory.
+SIGNATURE = ("(const storage_t*, const storage_t*, const storage_t*, storage_t*, int, int, float, int, int, "
+             "u64*, int, int, float*, float*)")
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed on this machine")
+@pytest.mark.parametrize(
+    ("source", "instantiations"),
+    [("flash2_forward.cu", [f"template __global__ void {k.name_expression}{SIGNATURE};" for k in INSTANTIATIONS]),
+     ("naive_softmax.cu", [f"template __global__ void naive_softmax<{dt}, {b}>(const storage_t*, storage_t*, int, "
+                           f"int, int, int, u64*);" for dt in (0, 1) for b in ("false", "true")])],
+)
+def test_nvcc_builds_the_kernels_for_sm90_without_spills(tmp_path, source, instantiations):
+    package = Path(str(importlib.resources.files("simflash.backends")))
+    unit = tmp_path / "unit.cu"
+    unit.write_text(f'#include "{source}"\n' + "\n".join(instantiations) + "\n")
+    done = subprocess.run(["nvcc", "-arch=sm_90", "-std=c++17", "-cubin", "-Xptxas", "-v", f"-I{package}", "-o",
+                           str(tmp_path / "unit.cubin"), str(unit)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", done.stderr)
+    assert len(spills) == len(instantiations)
+    assert all(stores == "0" and loads == "0" for stores, loads in spills), done.stderr[-3000:]
+
+
+NCU_CSV = '''==PROF== Connected to process 1
+"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"
+"0","1","python3","h","nvjet_gemm_a","1","7","(128, 1, 1)","(4, 4, 1)","0","9.0","Command line profiler metrics","dram__bytes_read.sum","byte","1,024"
+"0","1","python3","h","nvjet_gemm_a","1","7","(128, 1, 1)","(4, 4, 1)","0","9.0","Command line profiler metrics","dram__bytes_write.sum","byte","2,048"
+"0","1","python3","h","nvjet_gemm_a","1","7","(128, 1, 1)","(4, 4, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","nsecond","1000"
+"1","1","python3","h","splitk_reduce","1","7","(128, 1, 1)","(4, 4, 1)","0","9.0","Command line profiler metrics","dram__bytes_read.sum","byte","10"
+"1","1","python3","h","splitk_reduce","1","7","(128, 1, 1)","(4, 4, 1)","0","9.0","Command line profiler metrics","dram__bytes_write.sum","byte","n/a"
+"2","1","python3","h","void naive_softmax<0, 0>(const unsigned short *)","1","7","(256, 1, 1)","(8, 1, 1)","0","9.0","Command line profiler metrics","dram__bytes_read.sum","byte","64"
+"3","1","python3","h","nvjet_gemm_b","1","7","(128, 1, 1)","(4, 4, 1)","0","9.0","Command line profiler metrics","dram__bytes_read.sum","byte","5"
+"4","1","python3","h","void flash2_forward<0, 128, 64, 128, 0>(const unsigned short *)","1","7","(256, 1, 1)","(1, 1, 1)","0","9.0","Command line profiler metrics","dram__bytes_read.sum","byte","7"
+"5","1","python3","h","void flash2_forward<0, 128, 64, 128, 0>(const unsigned short *)","1","7","(256, 1, 1)","(1, 1, 1)","0","9.0","Command line profiler metrics","dram__bytes_read.sum","byte","9"
+==PROF== Disconnected from process 1
+'''
+
+
+def test_ncu_csv_is_parsed_in_launch_order_with_thousands_separators_and_missing_values():
+    kernels = profile.parse_ncu_csv(NCU_CSV)
+    assert [k["name"][:12] for k in kernels] == ["nvjet_gemm_a", "splitk_reduc", "void naive_s", "nvjet_gemm_b",
+                                                  "void flash2_", "void flash2_"]
+    assert kernels[0]["metrics"] == {"dram__bytes_read.sum": 1024.0, "dram__bytes_write.sum": 2048.0,
+                                     "gpu__time_duration.sum": 1000.0}
+    assert kernels[1]["metrics"] == {"dram__bytes_read.sum": 10.0}  # "n/a" left out, not zero
+
+
+def test_kernels_are_assigned_to_stages_by_position_around_our_named_kernels():
+    kernels = profile.parse_ncu_csv(NCU_CSV)
+    configs = [profile.ProfileConfig(64, naive=True), profile.ProfileConfig(64, naive=False)]
+    first, second = profile.assign_stages(kernels, configs)
+    assert [k["name"] for k in first["gemm_qk"]] == ["nvjet_gemm_a", "splitk_reduce"]  # cuBLAS may launch two
+    assert [k["name"] for k in first["gemm_pv"]] == ["nvjet_gemm_b"]
+    assert first["flash2_forward"][0]["metrics"]["dram__bytes_read.sum"] == 7
+    assert second["flash2_forward"][0]["metrics"]["dram__bytes_read.sum"] == 9
+    with pytest.raises(RuntimeError, match="left over"):
+        profile.assign_stages(kernels, configs[:1])
+    with pytest.raises(RuntimeError, match="expected a naive_softmax kernel"):
+        profile.assign_stages(kernels[3:], configs[:1])
+
+
+def test_measured_bytes_add_up_over_a_stage_and_sectors_become_bytes():
+    metrics = {"dram_read_bytes": "dram__bytes_read.sum", "dram_write_bytes": "dram__bytes_write.sum",
+               "l2_sm_read_sectors": "r", "l2_sm_write_sectors": "w", "l2_sm_read_hit_sectors": "h",
+               "time_ns": "gpu__time_duration.sum"}
+    kernels = [{"name": "a", "metrics": {"dram__bytes_read.sum": 3, "dram__bytes_write.sum": 4, "r": 10, "w": 2, "h": 5,
+                                         "gpu__time_duration.sum": 7}},
+               {"name": "b", "metrics": {"dram__bytes_read.sum": 1, "r": 10, "h": 10}}]
+    measured = profile._measured(kernels, metrics)
+    assert measured["dram_bytes"] == 3 + 4 + 1
+    assert measured["l2_sm_bytes"] == (10 + 2 + 10) * profile.SECTOR_BYTES
+    assert measured["l2_read_hit_rate"] == pytest.approx(15 / 20)
+    assert measured["time_ns"] == 7
+
+
+def test_profile_configurations_are_checked():
+    with pytest.raises(ValueError, match="d must be one of"):
+        profile.ProfileConfig(4096, d=80)
+    with pytest.raises(ValueError, match="heads must be a positive integer"):
+        profile.ProfileConfig(4096, heads=0)
+    sweep = profile.sweep_configs()
+    assert {c.heads for c in sweep} >= {1, 2, 4, 8, 16, 32, 64}
+    assert {c.n for c in sweep} >= {1024, 4096, 16384} and any(c.causal for c in sweep)
+    assert all(c.naive == (c.n <= 8192) for c in sweep)
+
+
+@pytest.mark.parametrize(
+    ("backend", "kernels", "verdict"),
+    [("FLASH_ATTENTION", ["void pytorch_flash::flash_fwd_kernel<...>"], "fused"),
+     ("EFFICIENT_ATTENTION", ["fmha_cutlassF_f16_aligned_64x128_rf_sm80"], "fused"),
+     ("FLASH_ATTENTION", ["sm90_xmma_gemm_f16", "cunn_SoftMaxForward", "sm90_xmma_gemm_f16"], "FALLBACK TO MATH"),
+     ("MATH", ["sm90_xmma_gemm_f16", "cunn_SoftMaxForward"], "math")],
+)
+def test_sdpa_kernel_names_are_classified(backend, kernels, verdict):
+    assert sdpa.classify(backend, kernels) == verdict
