@@ -4,7 +4,7 @@ softmax statistics (m, l over a whole head; m_i, l_i and a_i live in one CTA; th
 Every number is read off a FlashAttention-2 run on the simulated GPU: the buffers its CTAs hold
 (`run.events`), their peaks (`run.on_chip`) and the ledger (`run.traffic`). None of these scopes
 depends on the key length once there is a full KV tile, so the run uses one KV tile unless told
-otherwise: that keeps the seed's N = 4096 instant without changing a byte of the report.
+otherwise: that keeps the lesson's N = 4096 instant without changing a byte of the report.
 """
 
 from __future__ import annotations

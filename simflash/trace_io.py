@@ -458,7 +458,7 @@ def _random_case(about: str, n_q: int, n_kv: int, d: int, offset: int, **options
 
 
 def _two_tile() -> GoldenCase:
-    # The seed's section 3.2 inputs: with q = [1, 0] and scale 1 the scores are K's first column.
+    # The lesson's section 3.2 inputs: with q = [1, 0] and scale 1 the scores are K's first column.
     q = np.array([[1.0, 0.0]])  # (1, 2)
     k = np.array([[8.0, 0.0], [6.0, 0.0], [10.0, 0.0], [7.0, 0.0]])  # scores [8, 6] then [10, 7]
     v = np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0], [7.0, 8.0]])  # V_1 = rows 0-1, V_2 = rows 2-3

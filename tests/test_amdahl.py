@@ -1,4 +1,4 @@
-"""Amdahl's law: the seed's projections, the sensitivity table, and FLOP share vs time share."""
+"""Amdahl's law: the lesson's projections, the sensitivity table, and FLOP share vs time share."""
 
 import math
 
@@ -15,14 +15,14 @@ runner = CliRunner()
 WIDE = {"COLUMNS": "200"}
 
 
-def test_seed_section_5():
+def test_lesson_section_5():
     p = project(0.15, 3.5)
     assert f"{p.speedup:.3f}" == "1.120"
     assert f"{p.latency_reduction:.2%}" == "10.71%"
     assert sf.amdahl(0.15, 3.5) == p.speedup
 
 
-def test_seed_sensitivity_table():
+def test_lesson_sensitivity_table():
     rows = sensitivity(3.5)
     assert [f"{r.f_time:.0%}" for r in rows] == ["15%", "40%", "65%"]
     assert [f"{r.speedup:.3f}" for r in rows] == ["1.120", "1.400", "1.867"]
@@ -41,7 +41,7 @@ def test_flop_share_vs_time_share():
 
 def test_counted_flop_share_of_the_nominal_8b_model():
     at_2048 = attention_flop_share(2048, 8e9, 32, 32, 128)
-    assert f"{at_2048.share:.1%}" == "3.2%"  # the seed quotes Lesson 2's 3.2% at P = 2,048
+    assert f"{at_2048.share:.1%}" == "3.2%"  # the 3.2% the lesson quotes at P = 2,048
     assert round(attention_flop_share(4096, 8e9, 32, 32, 128).share * 100) == 6  # "~6%" at P = 4,096
     assert at_2048.linear_flops == 2 * 8e9 * 2048
     assert at_2048.attention_flops == 32 * sf.model.attention_flops(2048, 128, causal=True, heads=32)

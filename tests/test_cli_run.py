@@ -1,4 +1,4 @@
-"""`simflash run` and `simflash bench` on small sizes (the defaults are the seed's N = 4096)."""
+"""`simflash run` and `simflash bench` on small sizes (the defaults are the lesson's N = 4096)."""
 
 import json
 
@@ -28,7 +28,7 @@ def test_run_json_carries_exact_bytes_and_checks():
     assert rows["fa2, unmasked"]["reduction_vs_matched_baseline"] > 1
 
 
-def test_run_seed_defaults_give_the_seed_numbers():
+def test_run_defaults_give_the_lesson_numbers():
     result = runner.invoke(app, ["run", "--json"])
     assert result.exit_code == 0, result.output
     rows = {row["name"]: row for row in json.loads(result.stdout)["rows"]}

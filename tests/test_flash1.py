@@ -81,7 +81,7 @@ def test_fa1_bytes_equal_closed_form_and_output_matches_reference(
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("n", [256, 1024])
-def test_fa1_within_twice_naive_error_at_the_seed_tile_sizes(n, dtype):
+def test_fa1_within_twice_naive_error_at_the_lesson_tile_sizes(n, dtype):
     """B_r = 128, B_c = 64 on d = 64 random heads: up to 16 KV tiles, FA-1 keeps FlashAttention's 2x rule."""
     q, k, v = random_qkv(n, 1, n, n, 64)
     ref = reference_attention(q, k, v, dtype=dtype)
@@ -104,7 +104,7 @@ def test_fa1_error_grows_with_the_number_of_kv_tiles_fa2_does_not():
     assert errors["fa1", 4] > 4 * errors["fa2", 4]
 
 
-def test_seed_configuration_bytes_by_hand():
+def test_lesson_configuration_bytes_by_hand():
     """N = 4096, d = 128, fp16, B_r = 128, B_c = 64: Q, O, l and m cross the bus once per KV tile (T_c = 64)."""
     n, d, b, T_c = 4096, 128, 2, 4096 // 64
     head = n * d * b  # 1 MiB: Q, K, V or O of one head

@@ -1,4 +1,4 @@
-"""Footprint scopes: the seed's S + P figures, what the fused kernel holds instead, and short N against L2."""
+"""Footprint scopes: the lesson's S + P figures, what the fused kernel holds instead, and short N against L2."""
 
 import numpy as np
 import pytest
@@ -18,7 +18,7 @@ runner = CliRunner()
 WIDE = {"COLUMNS": "200"}
 
 
-def test_seed_section_1_2_scopes():
+def test_lesson_section_1_2_scopes():
     per_head, layer, training = intermediate_footprints(4096, heads=32, layers=32, dtype="float16")
     assert per_head.size_bytes == 64 * MiB
     assert layer.size_bytes == 2 * GiB
@@ -39,7 +39,7 @@ def test_per_head_bytes_are_what_the_simulated_baseline_writes():
     assert intermediate_bytes_per_head(96, "bfloat16") == written["S"].write_bytes + written["P"].write_bytes
 
 
-def test_seed_section_6_short_sequence():
+def test_lesson_section_6_short_sequence():
     fits = short_sequence(256)
     assert {f.s_bytes for f in fits} == {131_072} and 131_072 == 0.125 * MiB
     assert [f.gpu for f in fits] == list(sf.GPUS)
@@ -52,8 +52,8 @@ def test_seed_section_6_short_sequence():
 def test_fused_kernel_holds_tiles_not_matrices():
     hbm, shared, registers = fused_footprints(4096, 128, 128, 64)
     assert hbm.size_bytes == 0
-    assert shared.size_bytes == (32 + 16 + 16 + 16) * KiB  # Q_i, K_j, V_j, S_ij (seed section 2)
-    assert registers.size_bytes == 1 * KiB + 64 * KiB  # m_i, l_i and a_i (seed section 3.3)
+    assert shared.size_bytes == (32 + 16 + 16 + 16) * KiB  # Q_i, K_j, V_j, S_ij (the lesson's section 2)
+    assert registers.size_bytes == 1 * KiB + 64 * KiB  # m_i, l_i and a_i (the lesson's section 3.3)
     short = fused_footprints(100, 64, 128, 64)  # tiles never exceed the sequence
     assert short[2].size_bytes == (2 * 100 + 100 * 64) * 4
 

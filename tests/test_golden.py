@@ -49,7 +49,7 @@ def test_two_tile_trace_is_the_worked_example(variant):
     expected_out = weights @ case.v
     run = sf.flash_attention(case.q, case.k, case.v, variant=variant, **case.options)
     np.testing.assert_allclose(run.out[0], expected_out, rtol=1e-6)
-    # The seed's rounded values.
+    # The lesson's rounded values.
     np.testing.assert_allclose(np.round(expected_out, 4), [4.6025, 5.6025])
     np.testing.assert_allclose(round(float(second.l[0]), 4), 1.2034)
 

@@ -45,7 +45,7 @@ def test_sram_tracks_live_and_peak_bytes_and_refuses_overflow():
     assert stats.peak_bytes == 8 * KiB and stats.peak_by_buffer == {"A": 4 * KiB, "B": 4 * KiB, "C": 4 * KiB}
 
 
-def test_on_chip_buffers_at_the_seed_configuration():
+def test_on_chip_buffers_at_the_lesson_configuration():
     """Q_i 32 KiB, K_j and V_j 16 KiB, S_ij 16 KiB in shared memory; m_i, l_i 1 KiB + a_i 64 KiB held in registers."""
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((256, 128)) for _ in range(3))

@@ -93,7 +93,7 @@ def test_rows_with_no_visible_key_give_zeros_not_nan():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_seed_size_accuracy(dtype):
+def test_causal_accuracy_at_the_lesson_head_and_tile_sizes(dtype):
     rng = np.random.default_rng(2)
     q, k, v = random_qkv(rng, 1, 1024, 1024, 128)
     ref = reference_attention(q, k, v, causal=True, dtype=dtype)

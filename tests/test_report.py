@@ -41,7 +41,7 @@ def test_document_qa_worked_values():
     assert f"{a.client_projection.speedup:.4f}" == "1.2555"
     assert f"{a.client_projection.latency_reduction:.2%}" == "20.35%"
     assert f"{a.kernel_applied_to_ttft_ms:.1f}" == "126.7"
-    assert round(a.flop_share.share * 100) == 6  # the seed's "~6% of FLOPs at P = 4,096"
+    assert round(a.flop_share.share * 100) == 6  # the lesson's "~6% of FLOPs at P = 4,096"
 
 
 def test_both_boundaries_agree_with_amdahl():

@@ -40,14 +40,14 @@ def test_flops_are_the_two_matmuls_and_match_the_simulator():
 
 
 @pytest.mark.parametrize(("n", "d"), [(256, 64), (4096, 128), (1000, 96)])
-def test_bytes_follow_the_lecture_and_the_seed(n, d):
+def test_bytes_follow_the_roofline_lecture_and_the_lesson(n, d):
     row = intensity_row(n, d)
     assert row.bytes_by_model["naive"] == lecture_naive_bytes(n, d) == sf.model.naive_traffic(n, d).total_bytes
     assert row.bytes_by_model["fa_compulsory"] == (3 * n * d + n * d) * 2  # flash_attention_bytes
     assert row.bytes_by_model["fa_tiled"] == sf.model.flash_traffic(n, d).total_bytes
 
 
-def test_seed_numbers_at_n_4096():
+def test_lesson_numbers_at_n_4096():
     row = intensity_row(4096, 128)
     assert row.bytes_by_model["naive"] == 132 * MiB
     assert row.bytes_by_model["fa_tiled"] == 66 * MiB

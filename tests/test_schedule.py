@@ -1,4 +1,4 @@
-"""The tile schedule: skip bound vs mask, the seed's exercise 4, ragged tiles, both causal variants."""
+"""The tile schedule: skip bound vs mask, the lesson's exercise 4, ragged tiles, both causal variants."""
 
 import numpy as np
 import pytest
@@ -7,11 +7,11 @@ from hypothesis import given, settings, strategies as st
 import simflash as sf
 
 
-def test_seed_exercise_4_query_tile_5():
+def test_lesson_exercise_4_query_tile_5():
     sched = sf.TileSchedule(4096, 4096, 128, 64, causal=True)
-    i = 4  # the seed's 1-based tile i = 5: rows 513..640
+    i = 4  # the lesson's 1-based tile i = 5: rows 513..640
     assert sched.q_rows(i) == slice(512, 640)
-    assert sched.kv_tiles(i) == list(range(10))  # the seed's j = 1 .. 2i = 10
+    assert sched.kv_tiles(i) == list(range(10))  # the lesson's j = 1 .. 2i = 10
     kinds = [sched.tile_kind(i, j) for j in range(sched.n_kv_tiles)]
     assert kinds[:8] == ["full"] * 8
     assert kinds[8:10] == ["masked", "masked"]

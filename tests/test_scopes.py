@@ -1,4 +1,4 @@
-"""On-chip scopes read off the simulator's buffers: the seed's section 2 tiles and section 3.3 scopes."""
+"""On-chip scopes read off the simulator's buffers: the lesson's section 2 tiles and section 3.3 scopes."""
 
 import attrs
 import pytest
@@ -8,8 +8,8 @@ from simflash.config import KiB, STATE_DTYPE
 from simflash.scopes import TileOccupancy, on_chip_scopes
 
 
-def test_seed_configuration():
-    """N = 4096, d = 128, fp16, B_r = 128, B_c = 64: the numbers of the seed's sections 2 and 3.3."""
+def test_lesson_configuration():
+    """N = 4096, d = 128, fp16, B_r = 128, B_c = 64: the numbers of the lesson's sections 2 and 3.3."""
     report = on_chip_scopes()
     assert report.tiles == (TileOccupancy(0, 31, {"Q_i": 32 * KiB, "K_j": 16 * KiB, "V_j": 16 * KiB,
                                                   "S_ij": 16 * KiB}, 80 * KiB),)

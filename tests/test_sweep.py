@@ -24,7 +24,7 @@ def test_fa1_tile_rule(m, d, tiles):
     assert fa1_tile_sizes(m, d) == tiles
 
 
-def test_seed_points_with_matched_baselines():
+def test_lesson_points_with_matched_baselines():
     unmasked = traffic_vs_n([4096], 128, causal=False)[0]
     assert (unmasked.baseline_bytes, unmasked.bytes_by_variant["fa2"]) == (132 * MiB, 66 * MiB)
     assert unmasked.reduction("fa2") == 2.0 and unmasked.idealized_baseline_bytes is None

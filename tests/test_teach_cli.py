@@ -1,4 +1,4 @@
-"""`simflash trace`, `simflash verify` and `simflash scopes`: the seed's worked numbers, computed."""
+"""`simflash trace`, `simflash verify` and `simflash scopes`: the lesson's worked numbers, computed."""
 
 import json
 import re
@@ -29,8 +29,8 @@ def invoke():
     return run
 
 
-def seed_example():
-    """The seed's two tiles as a row softmax, in float64: the numbers the trace must reproduce."""
+def lesson_example():
+    """The lesson's two tiles as a row softmax, in float64: the numbers the trace must reproduce."""
     scores = np.array([8.0, 6.0, 10.0, 7.0])
     values = np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0], [7.0, 8.0]])
     weights = np.exp(scores - scores.max()) / np.exp(scores - scores.max()).sum()
@@ -40,7 +40,7 @@ def seed_example():
 def test_trace_without_arguments_reproduces_the_two_tile_example(invoke):
     result = invoke("trace")
     assert result.exit_code == 0, result.output
-    _, values, weights, output = seed_example()
+    _, values, weights, output = lesson_example()
     # tile 1: m = 8, l = 1 + e^-2, a = V_1 weighted; tile 2: m = 10, alpha = e^-2
     l_1 = 1 + np.exp(-2.0)
     a_1 = values[0] + np.exp(-2.0) * values[1]
@@ -52,7 +52,7 @@ def test_trace_without_arguments_reproduces_the_two_tile_example(invoke):
     for text, numbers in ((tile1, [8.0, 0.0, l_1, *a_1]), (tile2, [10.0, np.exp(-2.0), l_2, *a_2])):
         for x in numbers:
             assert f"{x:.4f}" in text
-    assert "O as stored in HBM: [4.6025, 5.6025]" in result.output  # the seed's O
+    assert "O as stored in HBM: [4.6025, 5.6025]" in result.output  # the lesson's O
     assert f"[{output[0]:.4f}, {output[1]:.4f}]" == "[4.6025, 5.6025]"
     assert "weights [" + ", ".join(f"{w:.4f}" for w in weights) + "]" in result.output
     assert "weights [0.1125, 0.0152, 0.8310, 0.0414]" in result.output
@@ -62,7 +62,7 @@ def test_trace_without_arguments_reproduces_the_two_tile_example(invoke):
 def test_trace_fa1_shows_the_normalised_output_after_each_tile(invoke):
     result = invoke("trace", "--variant", "fa1")
     assert result.exit_code == 0, result.output
-    _, values, _, output = seed_example()
+    _, values, _, output = lesson_example()
     first = (values[0] + np.exp(-2.0) * values[1]) / (1 + np.exp(-2.0))  # O after tile 1 = a_1 / l_1
     assert f"[{first[0]:.4f}, {first[1]:.4f}]" in result.output
     assert "O_i" in result.output and "no final division" in result.output
@@ -201,7 +201,7 @@ def test_no_mask_schedule_keeps_the_skip_bound_and_permits_everything():
             assert unmasked.tile_kind(i, j) == masked.tile_kind(i, j)
 
 
-def test_scopes_prints_the_seed_scopes(invoke):
+def test_scopes_prints_the_lesson_scopes(invoke):
     result = invoke("scopes")
     assert result.exit_code == 0, result.output
     tiles = next(line for line in result.output.splitlines() if line.startswith("0-31"))

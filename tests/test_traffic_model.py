@@ -1,4 +1,4 @@
-"""Byte counts: simulation == closed form == the seed's hand-derived numbers, exactly."""
+"""Byte counts: simulation == closed form == the lesson's hand-derived numbers, exactly."""
 
 import numpy as np
 import pytest
@@ -6,17 +6,17 @@ import pytest
 import simflash as sf
 from simflash.config import MiB
 
-N, D = 4096, 128  # the seed's configuration: fp16, B_r = 128, B_c = 64
+N, D = 4096, 128  # the lesson's configuration: fp16, B_r = 128, B_c = 64
 
 
-def seed_inputs(heads=1, n=N, d=D, seed=0):
+def random_inputs(heads=1, n=N, d=D, seed=0):
     rng = np.random.default_rng(seed)
     return tuple(rng.standard_normal((heads, n, d), dtype=np.float32) for _ in range(3))
 
 
 @pytest.fixture(scope="module")
-def seed_runs():
-    q, k, v = seed_inputs()
+def lesson_runs():
+    q, k, v = random_inputs()
     return {
         ("naive", False): sf.naive_attention(q, k, v),
         ("naive", True): sf.naive_attention(q, k, v, causal=True),
@@ -25,8 +25,8 @@ def seed_runs():
     }
 
 
-def test_naive_unmasked_matches_seed_section_1_1(seed_runs):
-    traffic = seed_runs["naive", False].traffic
+def test_naive_unmasked_matches_lesson_section_1_1(lesson_runs):
+    traffic = lesson_runs["naive", False].traffic
     assert (traffic.read_bytes, traffic.write_bytes, traffic.total_bytes) == (70_254_592, 68_157_440, 138_412_032)
     assert traffic.total_bytes == 132 * MiB
     by_kernel = {k: f.total_bytes for k, f in traffic.by_kernel.items()}
@@ -35,44 +35,44 @@ def test_naive_unmasked_matches_seed_section_1_1(seed_runs):
     assert traffic == sf.model.naive_traffic(N, D)
 
 
-def test_fa2_unmasked_matches_seed_section_4_1(seed_runs):
-    traffic = seed_runs["fa2", False].traffic
+def test_fa2_unmasked_matches_lesson_section_4_1(lesson_runs):
+    traffic = lesson_runs["fa2", False].traffic
     assert (traffic.read_bytes, traffic.write_bytes) == (65 * MiB, 1 * MiB)
     assert traffic.total_bytes == 69_206_016 == 66 * MiB
     assert traffic.by_tensor["K"].read_bytes == traffic.by_tensor["V"].read_bytes == 32 * MiB
     assert "S" not in traffic.by_tensor and "P" not in traffic.by_tensor  # never in HBM: zero bytes
     assert traffic == sf.model.flash_traffic(N, D)
-    assert seed_runs["naive", False].traffic.total_bytes / traffic.total_bytes == 2.0
+    assert lesson_runs["naive", False].traffic.total_bytes / traffic.total_bytes == 2.0
 
 
-def test_fa2_causal_matches_seed_section_4_2(seed_runs):
-    traffic = seed_runs["fa2", True].traffic
+def test_fa2_causal_matches_lesson_section_4_2(lesson_runs):
+    traffic = lesson_runs["fa2", True].traffic
     assert traffic.total_bytes == 36_700_160 == 35 * MiB
     assert (traffic.read_bytes, traffic.write_bytes) == (34 * MiB, 1 * MiB)
     assert sf.model.kv_passes(N, causal=True) == 16.5 and sf.model.kv_passes(N) == 32
     assert traffic == sf.model.flash_traffic(N, D, causal=True)
 
 
-def test_causal_naive_exact_and_idealised(seed_runs):
-    exact = seed_runs["naive", True].traffic
+def test_causal_naive_exact_and_idealised(lesson_runs):
+    exact = lesson_runs["naive", True].traffic
     assert exact == sf.model.naive_traffic(N, D, causal=True)
     triangle = N * (N + 1) // 2 * 2  # permitted entries (diagonal included) x 2 bytes
     assert exact.by_tensor["S"] == sf.Flow(read_bytes=triangle, write_bytes=triangle)
     idealised = sf.model.idealized_causal_naive_traffic(N, D)
     assert (idealised.read_bytes, idealised.write_bytes, idealised.total_bytes) == (35 * MiB, 33 * MiB, 68 * MiB)
     assert exact.total_bytes - idealised.total_bytes == 4 * (triangle - N * N)  # the diagonal, 4 crossings
-    assert round(idealised.total_bytes / seed_runs["fa2", True].traffic.total_bytes, 2) == 1.94
+    assert round(idealised.total_bytes / lesson_runs["fa2", True].traffic.total_bytes, 2) == 1.94
 
 
 def test_heads_multiply_traffic():
-    q, k, v = seed_inputs(heads=3, n=100, d=16)
+    q, k, v = random_inputs(heads=3, n=100, d=16)
     run = sf.flash_attention(q, k, v, block_q=32, block_kv=16, trace="none")
     assert run.traffic == sf.model.flash_traffic(100, 16, 32, 16).times(3)
     assert run.traffic == sf.model.flash_traffic(100, 16, 32, 16, heads=3)
 
 
 def test_logsumexp_write_adds_4_bytes_per_row():
-    q, k, v = seed_inputs(n=256, d=32)
+    q, k, v = random_inputs(n=256, d=32)
     plain = sf.flash_attention(q, k, v, trace="none")
     with_lse = sf.flash_attention(q, k, v, trace="none", write_logsumexp=True)
     assert with_lse.traffic.total_bytes - plain.traffic.total_bytes == 256 * 4

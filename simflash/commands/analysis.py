@@ -99,7 +99,7 @@ def _print_table(console: Console, title: str, columns: Sequence[str], rows: Seq
 
 
 def _size(nbytes: int) -> str:
-    """Bytes in the largest binary unit that keeps the value >= 1 (MiB below 1 GiB, as the seed writes)."""
+    """Bytes in the largest binary unit that keeps the value >= 1 (MiB below 1 GiB, as the lesson writes)."""
     for unit, name in ((GiB, "GiB"), (MiB, "MiB"), (KiB, "KiB")):
         if nbytes >= unit:
             return f"{nbytes / unit:,.2f} {name}"

@@ -138,7 +138,7 @@ def run(
     seed: Annotated[int, typer.Option(help="Seed of the random inputs.")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
 ) -> None:
-    """Run naive and tiled attention (unmasked and causal) and print the seed's traffic table."""
+    """Run naive and tiled attention (unmasked and causal) and print the lesson's traffic table."""
     console = make_console(stderr=as_json)
     try:
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),

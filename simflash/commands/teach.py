@@ -22,7 +22,7 @@ from simflash.schedule import TileSchedule
 from simflash.scopes import on_chip_scopes
 from simflash.trace import TileStep, TraceRequest
 
-# The seed lesson's section 3.2: one query row, d = 2, two KV tiles of two keys each.
+# The lesson's section 3.2: one query row, d = 2, two KV tiles of two keys each.
 EXAMPLE_SCORES = ((8.0, 6.0), (10.0, 7.0))
 EXAMPLE_VALUES = ((1.0, 2.0), (3.0, 4.0), (5.0, 6.0), (7.0, 8.0))
 
@@ -372,10 +372,10 @@ def causal_checks(seed: int = 0, d: int = 8, block_q: int = 4, block_kv: int = 2
 
 
 def exercise4_checks() -> list[Check]:
-    """The seed's exercise 4, asked of TileSchedule: B_r = 128, B_c = 64, N = 4096, causal, query tile i = 5."""
-    n, block_q, block_kv, seed_tile = 4096, 128, 64, 5
+    """The lesson's exercise 4, asked of TileSchedule: B_r = 128, B_c = 64, N = 4096, causal, query tile i = 5."""
+    n, block_q, block_kv, lesson_tile = 4096, 128, 64, 5
     sched = TileSchedule(n, n, block_q, block_kv, causal=True)
-    i = seed_tile - 1  # the seed counts tiles from 1
+    i = lesson_tile - 1  # the lesson counts tiles from 1
     rows = sched.q_rows(i)
     kinds = [sched.tile_kind(i, j) for j in range(sched.n_kv_tiles)]
     # Element-level truth: a tile is full if the mask permits all of it, skipped if none, masked otherwise.
@@ -389,15 +389,15 @@ def exercise4_checks() -> list[Check]:
     second_last = sched.mask(i, loads[-2])
     return [
         Check(
-            f"exercise 4: query tile i = {seed_tile} (0-based {i}, rows {rows.start + 1}-{rows.stop}), "
+            f"exercise 4: query tile i = {lesson_tile} (0-based {i}, rows {rows.start + 1}-{rows.stop}), "
             f"B_r = {block_q}, B_c = {block_kv}, N = {n}, causal",
-            loads == list(range(2 * seed_tile)) and kinds == derived,
-            f"loads j = {loads[0] + 1}..{loads[-1] + 1} (skip bound j <= 2i = {2 * seed_tile}); "
+            loads == list(range(2 * lesson_tile)) and kinds == derived,
+            f"loads j = {loads[0] + 1}..{loads[-1] + 1} (skip bound j <= 2i = {2 * lesson_tile}); "
             f"j = {full[0]}..{full[-1]} full, j = {', '.join(map(str, masked))} masked; "
             "tile kinds agree with the element mask",
         ),
         Check(
-            f"exercise 4: the upper {half} rows of tile {seed_tile} see nothing of j = {loads[-1] + 1}",
+            f"exercise 4: the upper {half} rows of tile {lesson_tile} see nothing of j = {loads[-1] + 1}",
             bool(not last[:half].any() and last[half:].any() and second_last[half:].all()
                  and not second_last[:half].all()),
             f"j = {loads[-1] + 1} is loaded but permits 0 entries in rows {rows.start + 1}-{rows.start + half}; "

@@ -10,8 +10,8 @@ import attrs
 from simflash.config import check_positive_int
 from simflash.model.roofline import attention_flops
 
-SENSITIVITY_F_TIME = (0.15, 0.40, 0.65)  # the seed's sensitivity rows
-QUOTED_FLOP_SHARE = 0.032  # an input: the seed's quoted attention share of prefill FLOPs at P = 2,048
+SENSITIVITY_F_TIME = (0.15, 0.40, 0.65)  # the lesson's sensitivity rows
+QUOTED_FLOP_SHARE = 0.032  # an input: the lesson's quoted attention share of prefill FLOPs at P = 2,048
 
 
 def amdahl(f_time: float, s_kernel: float) -> float:

@@ -1,6 +1,6 @@
 """Memory footprints, each with its scope: a per-head allocation is not the memory you will see.
 
-Three families, after the seed lesson: the naive baseline's S and P (per head, one layer with its
+Three families, after the lesson: the naive baseline's S and P (per head, one layer with its
 heads in parallel, every layer retained for training); what the fused kernel holds instead (no S or
 P in HBM, tile-sized buffers in one CTA); and the short-sequence case, where one head's S is small
 next to each GPU's L2.
@@ -36,7 +36,7 @@ def intermediate_bytes_per_head(n: int, dtype: str = "float16") -> int:
 def intermediate_footprints(
     n: int = 4096, heads: int = 32, layers: int = 32, dtype: str = "float16",
 ) -> list[Footprint]:
-    """The seed's section 1.2 scopes for the naive baseline's S and P."""
+    """The lesson's section 1.2 scopes for the naive baseline's S and P."""
     heads, layers = check_positive_int("heads", heads), check_positive_int("layers", layers)
     per_head = intermediate_bytes_per_head(n, dtype)
     return [
@@ -101,6 +101,6 @@ class L2Fit:
 
 
 def short_sequence(n: int = 256, dtype: str = "float16", gpus: Iterable[str] = tuple(GPUS)) -> list[L2Fit]:
-    """The seed's section 6 case: one head's S at a short N against each GPU's L2 size."""
+    """The lesson's section 6 case: one head's S at a short N against each GPU's L2 size."""
     s_bytes = naive_traffic(n, 1, dtype).by_tensor["S"].write_bytes
     return [L2Fit(gpu, n, s_bytes, gpu_spec(gpu).l2_bytes) for gpu in gpus]

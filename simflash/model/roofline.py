@@ -1,14 +1,14 @@
 """Roofline: the arithmetic intensity of attention against each GPU's ridge point.
 
-FLOPs are the two matmuls over the visible score entries, 4 N^2 d per head unmasked (the lecture's
-`attention_flops`; softmax's O(N^2) elementwise work is left out, as there). Bytes come from the
-closed-form traffic model under three intensity models, each describing one memory level:
+FLOPs are the two matmuls over the visible score entries, 4 N^2 d per head unmasked (the roofline
+lecture's `attention_flops`; softmax's O(N^2) elementwise work is left out, as there). Bytes come
+from the closed-form traffic model under three intensity models, each describing one memory level:
 
 - naive: the three-kernel baseline; S and P round-trip through DRAM (HBM).
 - fa_compulsory: Q, K, V read once and O written once (the lecture's `flash_attention_bytes`):
   roughly what DRAM sees when the K/V re-reads of later query tiles hit in L2.
-- fa_tiled: the tiled logical model, K/V re-read per query tile (the seed's 66 MiB): roughly what
-  L2 serves to the SMs.
+- fa_tiled: the tiled logical model, K/V re-read per query tile (the FlashAttention lesson's
+  66 MiB): roughly what L2 serves to the SMs.
 """
 
 from __future__ import annotations

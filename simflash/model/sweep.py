@@ -36,7 +36,7 @@ class NPoint:
     n: int
     causal: bool
     baseline_bytes: int  # naive three-kernel; causal: exactly the permitted entries of S and P
-    idealized_baseline_bytes: int | None  # causal only: the seed's triangle rounded to N^2 / 2
+    idealized_baseline_bytes: int | None  # causal only: the lesson's triangle rounded to N^2 / 2
     bytes_by_variant: dict[str, int]
 
     def reduction(self, variant: str) -> float:

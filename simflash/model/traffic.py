@@ -54,7 +54,7 @@ def naive_traffic(
 
 
 def idealized_causal_naive_traffic(n: int, d: int, dtype: str = "float16", *, heads: int = 1) -> Traffic:
-    """The seed lesson's idealised causal baseline: each of S and P counted as exactly N^2 / 2."""
+    """The lesson's idealised causal baseline: each of S and P counted as exactly N^2 / 2."""
     n, _, d, heads = _sizes(n, d, None, heads)
     b = storage_dtype(dtype).itemsize
     sp = n * n * b // 2  # every storage itemsize is even, so this is exact
@@ -114,7 +114,7 @@ def flash_traffic(
 
 def kv_passes(n: int, block_q: int = 128, block_kv: int = 64, causal: bool = False, *, n_kv: int | None = None,
               causal_variant: str = "upper_left") -> float:
-    """Complete passes over K/V a tiled forward makes (the seed's 32 unmasked, 16.5 causal)."""
+    """Complete passes over K/V a tiled forward makes (the lesson's 32 unmasked, 16.5 causal)."""
     n_q, n_kv, _, _ = _sizes(n, 1, n_kv, 1)
     return sum(kv_rows_visited(n_q, n_kv, block_q, block_kv, bool(causal), causal_variant)) / n_kv
 
