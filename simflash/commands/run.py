@@ -116,6 +116,11 @@ def _print_tables(console, rows: list[Row], n: int, d: int, dtype: str, block_q:
         if row.causal and row.algorithm != "naive":
             console.print(f"{row.name}: {idealised.traffic.total_bytes / row.traffic.total_bytes:.2f}x "
                           f"vs the idealised causal naive ({_mib(idealised.traffic.total_bytes)} MiB)")
+    for row in rows:  # what each tiled variant moves besides its inputs: FA-1's O, l, m round trips
+        if row.algorithm != "naive" and not row.causal:
+            state = {t: f for t, f in row.traffic.by_tensor.items() if t not in ("Q", "K", "V")}
+            console.print(f"{row.name}: output and state traffic " + ", ".join(
+                f"{t} {_mib(f.total_bytes)} MiB" for t, f in state.items()))
     kernels = Table(title="Naive, unmasked, by kernel (MiB)")
     for column in ("kernel", "reads", "writes", "total"):
         kernels.add_column(column, justify="left" if column == "kernel" else "right")
