@@ -197,7 +197,7 @@ def profile(configs: list[ProfileConfig], seed: int = 0, raw_csv: Path | None = 
         counted = json.loads(result.read_text())
     stages = assign_stages(parse_ncu_csv(done.stdout), configs)
     return {
-        "command": " ".join(command[:command.index(sys.executable)]) + " python -m simflash.backends.ncu_target",
+        "ncu_command": " ".join(["ncu", *command[1:command.index(sys.executable)]]) + " python -m simflash.backends.ncu_target",
         "metrics": metrics,
         "metrics_missing": missing,
         "configs": [{"config": attrs.asdict(c), "kernels": kernel_rows(c, s, counts, metrics)}

@@ -4,6 +4,7 @@ the Markdown the docs carry. Pure Python: it reads results, it runs nothing."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from simflash.config import MiB
@@ -40,7 +41,8 @@ def validate_table(result: dict) -> Table:
         c = record["config"]
         groups.setdefault((c["dtype"], c["n_q"], c["n_kv"], c["d"], c["block_q"], c["block_kv"]), []).append(record)
     headers = ["dtype", "n_q", "n_kv", "d", "B_r x B_c", "masks", "max rel. error GPU", "max rel. error naive",
-               "2x rule", "bytes = simulator = model", "m, l trace", "timed = instrumented", "naive GPU"]
+               "2x rule", "bytes = simulator = model", "m, l trace", "timed = instrumented", "naive GPU rel. error",
+               "naive GPU bytes"]
     rows = []
     for (dtype, n_q, n_kv, d, block_q, block_kv), records in groups.items():
         naive = [r["naive_gpu"] for r in records if "naive_gpu" in r]
@@ -54,8 +56,25 @@ def validate_table(result: dict) -> Table:
             _yes(all(r["trace"]["ok"] for r in records)),
             _yes(all(r["timed_equals_instrumented"] for r in records)),
             "–" if not naive else f"{max(n['error'] for n in naive):.2e}",
+            "–" if not naive else _yes(all(_naive_bytes_ok(r) for r in records)),
         ])
     return headers, rows
+
+
+def _naive_bytes_ok(record: dict) -> bool:
+    """The naive GPU path's ledger: the model's exactly without a mask; with one, the softmax's
+    entries are the model's and the (dense) GEMMs' those of the unmasked model."""
+    naive = record["naive_gpu"]
+    exact = naive["equals_model"] if not record["config"]["causal"] else naive["softmax_equals_model"]
+    return exact and naive["gemms_equal_dense_model"]
+
+
+def resources_table(result: dict) -> Table:
+    """What the compiler gave each FA-2 instantiation the validation ran."""
+    seen = {r["resources"]["kernel"]: r["resources"] for r in result["records"]}
+    headers = ["kernel", "threads", "registers", "local (spill) bytes", "shared bytes"]
+    return headers, [[k["kernel"], str(k["threads"]), str(k["registers"]), str(k["local_bytes"]), str(k["shared_bytes"])]
+                     for k in seen.values()]
 
 
 def _config_label(config: dict) -> str:
@@ -64,15 +83,15 @@ def _config_label(config: dict) -> str:
 
 def profile_table(result: dict) -> Table:
     """Per kernel: logical, instrumented, L2 and DRAM bytes (MiB), each DRAM/L2 figure over logical."""
-    headers = ["config", "kernel", "logical MiB", "instrumented MiB", "L2 from SMs MiB", "L2/logical",
-               "L2 read hits", "L2 all MiB", "DRAM read MiB", "DRAM write MiB", "DRAM/logical", "time µs"]
+    headers = ["config", "kernel", "logical MiB", "instrumented MiB", "L2 to SMs MiB (reads)", "L2 lookups from SMs MiB",
+               "lookups/logical", "L2 read hits", "DRAM read MiB", "DRAM write MiB", "DRAM/logical", "time µs"]
     rows = []
     for entry in result["configs"]:
         for k in entry["kernels"]:
             rows.append([
                 _config_label(entry["config"]), k["kernel"], _mib(k["logical_bytes"]), _mib(k["instrumented_bytes"]),
-                _mib(k.get("l2_sm_bytes")), _ratio(k.get("l2_sm_bytes"), k["logical_bytes"]),
-                _percent(k.get("l2_read_hit_rate")), _mib(k.get("l2_all_bytes")), _mib(k["dram_read_bytes"]), _mib(k["dram_write_bytes"]),
+                _mib(k.get("l1_from_l2_bytes")), _mib(k.get("l2_sm_bytes")),
+                _ratio(k.get("l2_sm_bytes"), k["logical_bytes"]), _percent(k.get("l2_read_hit_rate")), _mib(k["dram_read_bytes"]), _mib(k["dram_write_bytes"]),
                 _ratio(k["dram_bytes"], k["logical_bytes"]), f"{k['time_ns'] / 1e3:,.1f}",
             ])
     return headers, rows
@@ -81,7 +100,7 @@ def profile_table(result: dict) -> Table:
 def sweep_table(result: dict) -> Table:
     """Per configuration, each path's DRAM and L2 traffic over its logical traffic."""
     headers = ["N", "H", "mask", "naive logical MiB", "naive DRAM/logical", "FA-2 logical MiB",
-               "FA-2 L2 from SMs/logical", "FA-2 L2 read hits", "FA-2 DRAM/logical", "FA-2 DRAM / compulsory"]
+               "FA-2 L2 lookups/logical", "FA-2 L2 read hits", "FA-2 DRAM/logical", "FA-2 DRAM / compulsory"]
     rows = []
     for entry in result["configs"]:
         c = entry["config"]
@@ -165,6 +184,7 @@ def tables(results: dict) -> dict[str, Table]:
     out: dict[str, Table] = {}
     if "validate" in results:
         out["validate"] = validate_table(results["validate"])
+        out["resources"] = resources_table(results["validate"])
     if "profile" in results:
         out["profile"] = profile_table(results["profile"])
         out["sweep"] = sweep_table(results["profile"])
@@ -174,3 +194,14 @@ def tables(results: dict) -> dict[str, Table]:
     if "sdpa" in results:
         out["sdpa"] = sdpa_table(results["sdpa"]["checks"])
     return out
+
+
+TABLE_BLOCK = re.compile(r"(<!-- gpu-table: (?P<name>\w+) -->\n)(?:[^\n]*\n)*?(<!-- /gpu-table -->)")
+
+
+def update_page(text: str, tables_by_name: dict[str, Table]) -> str:
+    """A docs page with each `<!-- gpu-table: NAME -->` ... `<!-- /gpu-table -->` block refilled."""
+    unknown = [m["name"] for m in TABLE_BLOCK.finditer(text) if m["name"] not in tables_by_name]
+    if unknown:
+        raise ValueError(f"the page names tables the results do not have: {unknown}")
+    return TABLE_BLOCK.sub(lambda m: m[1] + markdown(tables_by_name[m["name"]]) + "\n" + m[3], text)

@@ -48,6 +48,8 @@ def target() -> None:
             error = relative_error(out, ref)
             if not within_tolerance(error, c.dtype):
                 raise AssertionError(f"{c.label} instrumented={instrumented}: relative error {error:.3g}")
+            print(f"checked flash2_forward, {'instrumented' if instrumented else 'timed'} build, {c.label}: "
+                  f"relative error {error:.2e}")
     for n_q, n_kv, causal, variant in ((33, 200, True, "lower_right"), (40, 77, True, "upper_left"), (5, 64, False, "upper_left")):
         S = (rng.standard_normal((n_q, n_kv), dtype=np.float32) * 2).astype(np.float16)  # scaled scores
         sched = TileSchedule(n_q, n_kv, n_q, n_kv, causal=causal, causal_variant=variant)
@@ -64,6 +66,8 @@ def target() -> None:
             error = float(np.max(np.abs(P_d.get().astype(np.float64) - expected)))
             if error > 1e-3:
                 raise AssertionError(f"softmax n_q={n_q} n_kv={n_kv}: max abs error {error:.3g}")
+            print(f"checked naive_softmax, {'instrumented' if instrumented else 'timed'} build, n_q={n_q} "
+                  f"n_kv={n_kv} causal={causal} {variant}: max abs error {error:.2e}")
 
 
 def run(tool: str) -> dict:
@@ -76,7 +80,8 @@ def run(tool: str) -> dict:
     command = [sanitizer, "--tool", tool, "--error-exitcode", "1", sys.executable, "-m", "simflash.backends.sanitize"]
     done = subprocess.run(command, capture_output=True, text=True)
     output = done.stdout + done.stderr
-    return {"tool": tool, "command": " ".join(command[:command.index(sys.executable)]) + " python -m simflash.backends.sanitize",
+    return {"tool": tool, "command": " ".join(["compute-sanitizer", *command[1:command.index(sys.executable)]])
+            + " python -m simflash.backends.sanitize",
             "exit_code": done.returncode, "clean": done.returncode == 0 and bool(CLEAN.search(output)), "output": output}
 
 

@@ -160,6 +160,7 @@ def passed(record: dict) -> bool:
     if naive_gpu is not None:
         exact = naive_gpu["equals_model"] if not record["config"]["causal"] else naive_gpu["softmax_equals_model"]
         ok = ok and exact and naive_gpu["gemms_equal_dense_model"] and naive_gpu["nan_free"]
+        ok = ok and within_tolerance(naive_gpu["error"], record["config"]["dtype"])
     return bool(ok)
 
 

@@ -176,3 +176,16 @@ def test_profile_configurations_are_checked():
 )
 def test_sdpa_kernel_names_are_classified(backend, kernels, verdict):
     assert sdpa.classify(backend, kernels) == verdict
+
+
+def test_docs_tables_are_refilled_in_place_and_unknown_ones_refused():
+    from simflash.backends.report import update_page
+
+    tables = {"a": (["x"], [["1"]]), "b": (["y", "z"], [["2", "a|b"]])}
+    page = "intro\n<!-- gpu-table: a -->\n<!-- /gpu-table -->\ntext\n<!-- gpu-table: b -->\nstale\n<!-- /gpu-table -->\n"
+    once = update_page(page, tables)
+    assert once == ("intro\n<!-- gpu-table: a -->\n| x |\n|---|\n| 1 |\n<!-- /gpu-table -->\ntext\n"
+                    "<!-- gpu-table: b -->\n| y | z |\n|---|---|\n| 2 | a/b |\n<!-- /gpu-table -->\n")
+    assert update_page(once, tables) == once
+    with pytest.raises(ValueError, match=r"\['c'\]"):
+        update_page("<!-- gpu-table: c -->\n<!-- /gpu-table -->\n", tables)

@@ -237,6 +237,8 @@ def sanitize(
 @gpu_app.command("report")
 def report_command(
     folder: Annotated[Path, typer.Argument(help="Folder of saved results (validate.json, profile.json, ...).")],
+    update: Annotated[Path | None, typer.Option(help="Refill the marked tables of this Markdown page instead "
+                                                     "of printing them.")] = None,
 ) -> None:
     """Markdown tables of saved GPU results, as docs/gpu.md shows them."""
     from simflash.backends import report
@@ -244,8 +246,13 @@ def report_command(
     results = report.load(folder)
     if not results:
         raise typer.BadParameter(f"no saved results in {folder} (expected {', '.join(report.RESULT_FILES.values())})")
-    for name, table in report.tables(results).items():
-        typer.echo(f"<!-- {name} -->\n{report.markdown(table)}\n")
+    tables = report.tables(results)
+    if update is not None:
+        with _user_errors():
+            update.write_text(report.update_page(update.read_text(), tables))
+        return
+    for name, table in tables.items():
+        typer.echo(f"<!-- gpu-table: {name} -->\n{report.markdown(table)}\n<!-- /gpu-table -->\n")
 
 
 def register(app: typer.Typer) -> None:

@@ -1,0 +1,135 @@
+"""The committed H200 results (benchmarks/gpu/*.json) still agree with the simulator and its closed
+forms, cover what they claim to cover, and are what docs/gpu.md shows. CPU only: nothing runs on a GPU."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import simflash as sf
+from simflash.backends import report, validate
+from simflash.memory import Flow, Traffic
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "gpu"
+
+
+def _load(name: str) -> dict:
+    return json.loads((RESULTS / name).read_text())
+
+
+def _traffic(rows: list[list]) -> Traffic:
+    return Traffic({(kernel, tensor): Flow(read, write) for kernel, tensor, read, write in rows})
+
+
+@pytest.fixture(scope="module")
+def validation() -> dict:
+    return _load("validate.json")
+
+
+def test_every_validation_record_passes_today_s_checks(validation):
+    assert validation["device"]["name"] == "NVIDIA H200"
+    assert validation["all_ok"] and all(validate.passed(record) for record in validation["records"])
+    assert all(case["refused"] and case["case"].split("=")[0] in case["message"] for case in validation["refusals"])
+
+
+def test_counted_bytes_equal_the_closed_form_recomputed_now(validation):
+    for record in validation["records"]:
+        c = record["config"]
+        model = sf.model.flash_traffic(c["n_q"], c["d"], c["block_q"], c["block_kv"], c["dtype"], c["causal"],
+                                       n_kv=c["n_kv"], heads=c["heads"], causal_variant=c["causal_variant"])
+        assert _traffic(record["traffic"]["instrumented"]) == model, c
+
+
+def test_counted_bytes_equal_a_fresh_simulation_for_the_small_configurations(validation):
+    rng = np.random.default_rng()
+    small = [r for r in validation["records"] if r["config"]["n_q"] * r["config"]["n_kv"] <= 300 * 300]
+    assert len(small) >= 20
+    for record in small:
+        c = record["config"]
+        q = rng.standard_normal((c["heads"], c["n_q"], c["d"]))
+        k, v = (rng.standard_normal((c["heads"], c["n_kv"], c["d"])) for _ in range(2))
+        sim = sf.flash_attention(q, k, v, c["block_q"], c["block_kv"], c["causal"], c["causal_variant"],
+                                 dtype=c["dtype"], trace="none")
+        assert _traffic(record["traffic"]["instrumented"]) == sim.traffic, c
+
+
+def test_the_naive_gpu_ledger_matches_the_model_where_it_should(validation):
+    for record in validation["records"]:
+        c = record["config"]
+        ledger = _traffic(record["naive_gpu"]["ledger"])
+        model = sf.model.naive_traffic(c["n_q"], c["d"], c["dtype"], c["causal"], n_kv=c["n_kv"], heads=c["heads"],
+                                       causal_variant=c["causal_variant"])
+        assert ledger.by_kernel["softmax"] == model.by_kernel["softmax"]  # counted on the device
+        if not c["causal"]:
+            assert ledger == model
+
+
+def test_the_validation_covers_the_promised_grid(validation):
+    configs = [r["config"] for r in validation["records"]]
+    square = {(c["n_q"], c["d"], c["causal"], c["causal_variant"], c["dtype"]) for c in configs if c["n_q"] == c["n_kv"]}
+    for n in (1, 17, 128, 1000, 4096):
+        for d in (64, 128):
+            for mask in validate.MASKS:
+                for dtype in ("float16", "bfloat16"):
+                    assert (n, d, *mask, dtype) in square
+    assert any(c["n_q"] < c["n_kv"] for c in configs) and any(c["n_q"] > c["n_kv"] for c in configs)
+
+
+def test_profile_counts_are_the_model_s_and_the_sweep_spans_heads_and_lengths():
+    result = _load("profile.json")
+    assert result["ncu_command"].startswith("ncu --clock-control none --cache-control all")
+    assert result["command"].startswith("simflash gpu profile")
+    heads, lengths = set(), set()
+    for entry in result["configs"]:
+        c = entry["config"]
+        heads.add(c["heads"]), lengths.add(c["n"])
+        rows = {row["kernel"]: row for row in entry["kernels"]}
+        flash = sf.model.flash_traffic(c["n"], c["d"], c["block_q"], c["block_kv"], "float16", c["causal"],
+                                       heads=c["heads"], causal_variant=c["causal_variant"])
+        assert rows["flash2_forward"]["logical_bytes"] == rows["flash2_forward"]["instrumented_bytes"] == flash.total_bytes
+        # The crossbar delivers to the SMs exactly the bytes the kernel's copies asked for.
+        assert rows["flash2_forward"]["l1_from_l2_bytes"] == flash.read_bytes
+        # Compulsory traffic reaches DRAM: Q, K and V are read from it at least once.
+        assert rows["flash2_forward"]["dram_read_bytes"] >= 3 * c["heads"] * c["n"] * c["d"] * 2
+        if "softmax" in rows:
+            naive = sf.model.naive_traffic(c["n"], c["d"], "float16", c["causal"], heads=c["heads"],
+                                           causal_variant=c["causal_variant"])
+            assert rows["softmax"]["instrumented_bytes"] == naive.by_kernel["softmax"].total_bytes
+    assert heads >= {1, 2, 4, 8, 16, 32, 64} and lengths >= {1024, 4096, 16384}
+
+
+def test_bench_rows_are_consistent_and_meet_the_target():
+    result = _load("bench.json")
+    peak = sf.GPUS["H200"].peak_flops["float16"]
+    for row in result["rows"]:
+        c = row["config"]
+        flops = 4 * c["heads"] * c["n"] ** 2 * c["d"] // (2 if c["causal"] else 1)
+        assert row["flops"] == flops
+        for timing in row["fa2"].values():
+            assert timing["tflops"] == pytest.approx(flops / (timing["ms"] * 1e-3) / 1e12)
+            assert timing["pct_peak"] == pytest.approx(100 * timing["tflops"] * 1e12 / peak)
+    grid = {(r["config"]["n"], r["config"]["d"], r["config"]["causal"]) for r in result["rows"]}
+    assert grid == {(n, d, causal) for n in (1024, 4096, 16384) for d in (64, 128) for causal in (False, True)}
+    headline = next(r for r in result["rows"] if (r["config"]["n"], r["config"]["d"], r["config"]["causal"]) == (4096, 128, False))
+    assert headline["ratio_vs_sdpa_flash"] >= 0.5
+
+
+def test_sdpa_check_saw_fused_kernels_and_the_sanitizers_came_back_clean():
+    checks = _load("sdpa_check.json")["checks"]
+    for check in checks:
+        verdicts = {e["backend"]: e["verdict"] for e in check["backends"]}
+        assert verdicts["FLASH_ATTENTION"] == "fused" and verdicts["MATH"] == "math"
+        assert "FALLBACK TO MATH" not in verdicts.values()
+    text = (RESULTS / "sanitizer.txt").read_text()
+    assert "--tool memcheck" in text and "ERROR SUMMARY: 0 errors" in text
+    assert "--tool racecheck" in text and "0 hazards displayed (0 errors, 0 warnings)" in text
+
+
+def test_docs_show_the_tables_of_the_committed_results():
+    page = (REPO / "docs" / "gpu.md").read_text()
+    for name, table in report.tables(report.load(RESULTS)).items():
+        assert report.markdown(table) in page, f"docs/gpu.md lacks the current {name} table: run simflash gpu report"
