@@ -22,10 +22,6 @@ def _ratio(value, logical) -> str:
     return "–" if value is None or not logical else f"{value / logical:.3f}"
 
 
-def _percent(fraction) -> str:
-    return "–" if fraction is None else f"{100 * fraction:.1f}%"
-
-
 def _mask(config: dict) -> str:
     return config["causal_variant"] if config["causal"] else "full"
 
@@ -84,14 +80,14 @@ def _config_label(config: dict) -> str:
 def profile_table(result: dict) -> Table:
     """Per kernel: logical, instrumented, L2 and DRAM bytes (MiB), each DRAM/L2 figure over logical."""
     headers = ["config", "kernel", "logical MiB", "instrumented MiB", "L2 to SMs MiB (reads)", "L2 lookups from SMs MiB",
-               "lookups/logical", "L2 read hits", "DRAM read MiB", "DRAM write MiB", "DRAM/logical", "time µs"]
+               "lookups/logical", "DRAM read MiB", "DRAM write MiB", "DRAM/logical", "time µs"]
     rows = []
     for entry in result["configs"]:
         for k in entry["kernels"]:
             rows.append([
                 _config_label(entry["config"]), k["kernel"], _mib(k["logical_bytes"]), _mib(k["instrumented_bytes"]),
                 _mib(k.get("l1_from_l2_bytes")), _mib(k.get("l2_sm_bytes")),
-                _ratio(k.get("l2_sm_bytes"), k["logical_bytes"]), _percent(k.get("l2_read_hit_rate")), _mib(k["dram_read_bytes"]), _mib(k["dram_write_bytes"]),
+                _ratio(k.get("l2_sm_bytes"), k["logical_bytes"]), _mib(k["dram_read_bytes"]), _mib(k["dram_write_bytes"]),
                 _ratio(k["dram_bytes"], k["logical_bytes"]), f"{k['time_ns'] / 1e3:,.1f}",
             ])
     return headers, rows
@@ -100,7 +96,7 @@ def profile_table(result: dict) -> Table:
 def sweep_table(result: dict) -> Table:
     """Per configuration, each path's DRAM and L2 traffic over its logical traffic."""
     headers = ["N", "H", "mask", "naive logical MiB", "naive DRAM/logical", "FA-2 logical MiB",
-               "FA-2 L2 lookups/logical", "FA-2 L2 read hits", "FA-2 DRAM/logical", "FA-2 DRAM / compulsory"]
+               "FA-2 L2 lookups/logical", "FA-2 DRAM/logical", "FA-2 DRAM / compulsory"]
     rows = []
     for entry in result["configs"]:
         c = entry["config"]
@@ -113,7 +109,7 @@ def sweep_table(result: dict) -> Table:
             str(c["n"]), str(c["heads"]), _mask(c), _mib(naive_logical),
             _ratio(sum(k["dram_bytes"] for k in naive), naive_logical) if naive else "–",
             _mib(flash["logical_bytes"]), _ratio(flash.get("l2_sm_bytes"), flash["logical_bytes"]),
-            _percent(flash.get("l2_read_hit_rate")), _ratio(flash["dram_bytes"], flash["logical_bytes"]), _ratio(flash["dram_bytes"], compulsory),
+            _ratio(flash["dram_bytes"], flash["logical_bytes"]), _ratio(flash["dram_bytes"], compulsory),
         ])
     return headers, rows
 
