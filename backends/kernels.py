@@ -74,7 +74,8 @@ def _fit_shared(kernel, dynamic_bytes: int, what: str):
     limit = device_shared_bytes()
     total = dynamic_bytes + kernel.shared_size_bytes
     if total > limit:
-        raise ValueError(f"{what} needs {total} bytes of shared memory per CTA; this GPU allows {limit}")
+        raise ValueError(f"{what} needs {total} bytes of shared memory per CTA; this GPU allows {limit}: "
+                         f"choose smaller tiles (supported: {supported()})")
     kernel.max_dynamic_shared_size_bytes = dynamic_bytes
     return kernel
 

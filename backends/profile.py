@@ -6,9 +6,9 @@ with the GPU's clocks left alone (--clock-control none) and every cache flushed 
 
 - logical bytes: the simulator's closed form (sf.model.naive_traffic / flash_traffic);
 - instrumented bytes: what the kernel itself counted (FA-2 and the softmax; cuBLAS is not ours);
-- L2 bytes requested by the SMs: lts__t_sectors_srcunit_tex_op_{read,write}.sum x 32-byte sectors,
-  the share of those reads that hit (..._op_read_lookup_hit), lts__t_bytes.sum (every request any
-  unit made of the L2) and l1tex__m_xbar2l1tex_read_bytes.sum (bytes L2 returned to the SMs);
+- the bytes L2 returned to the SMs (l1tex__m_xbar2l1tex_read_bytes.sum) and the L2 lookups the SMs
+  caused (lts__t_sectors_srcunit_tex_op_{read,write}.sum x 32-byte sectors); recorded besides:
+  the lookups that hit (..._op_read_lookup_hit.sum) and lts__t_bytes.sum (every unit's L2 traffic);
 - DRAM bytes read and written: dram__bytes_read.sum, dram__bytes_write.sum;
 - the kernel's duration under the profiler (gpu__time_duration.sum).
 """
