@@ -48,3 +48,27 @@ def test_run_reports_bad_arguments():
     assert result.exit_code != 0 and "n must be a positive integer" in flat(result.output)
     result = runner.invoke(app, ["run", "--dtype", "float8"])
     assert result.exit_code != 0 and "dtype must be one of" in flat(result.output)
+
+
+def test_bench_writes_its_measurements(tmp_path):
+    out = tmp_path / "bench.json"
+    result = runner.invoke(app, ["bench", "--n", "256", "--d", "32", "--big-n", "1024", "--repeat", "1",
+                                 "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    flash, naive, memory = json.loads(out.read_text())["results"]
+    assert flash["ratio"] == flash["simulated_s"] / flash["bare_s"] and flash["target_ratio"] == 1.5
+    assert naive["target_ratio"] == 1.3 and naive["n"] == 256
+    # The child's own high-water mark: far below this test process's, which has run a lot already.
+    assert 10 < memory["peak_rss_mb"] < 250 and memory["total_bytes"] == 1024 * 32 * 2 * (2 + 2 * 8)
+
+
+def test_bare_loops_compute_attention():
+    import numpy as np
+
+    from simflash.bench import bare_tiled_attention, plain_attention, random_inputs
+    from simflash.numerics import reference_attention, relative_error
+
+    q, k, v = random_inputs(300, 16, "float16", seed=3)
+    ref = reference_attention(q, k, v)
+    for out in (bare_tiled_attention(q, k, v, 64, 48, 0.25), plain_attention(q, k, v, 0.25)):
+        assert out.dtype == np.float16 and relative_error(out, ref) < 2e-3
