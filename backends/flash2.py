@@ -11,7 +11,7 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
-from simflash.api import _prepare
+from simflash.api import prepare_inputs
 from simflash.backends.kernels import Flash2Kernel, import_cupy
 from simflash.memory import Flow, Traffic
 from simflash.schedule import TileSchedule
@@ -88,7 +88,7 @@ def flash_attention(
     build leaves it None). trace_head/trace_tile pick the one query tile whose m, l are recorded
     after every KV tile (instrumented build only; default: none).
     """
-    Q, K, V, scale = _prepare(q, k, v, dtype, scale, causal_variant)
+    Q, K, V, scale = prepare_inputs(q, k, v, dtype, scale, causal_variant)
     heads, n_q, d = Q.shape
     kernel = Flash2Kernel(dtype, block_q, block_kv, d, bool(instrumented))
     sched = TileSchedule(n_q, K.shape[1], block_q, block_kv, causal=bool(causal), causal_variant=causal_variant)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
-from simflash.api import _prepare
+from simflash.api import prepare_inputs
 from simflash.backends.flash2 import GPURun, device_view, poisoned_output
 from simflash.backends.kernels import SOFTMAX_THREADS, STORAGE_TYPES, SoftmaxKernel, import_cupy
 from simflash.memory import Flow, Traffic
@@ -116,7 +116,7 @@ def naive_attention(
 ) -> GPURun:
     """The three-kernel naive path on the GPU; same checks and shapes as simflash.naive_attention."""
     check_dtype(dtype)
-    Q, K, V, scale = _prepare(q, k, v, dtype, scale, causal_variant)
+    Q, K, V, scale = prepare_inputs(q, k, v, dtype, scale, causal_variant)
     sched = TileSchedule(Q.shape[1], K.shape[1], Q.shape[1], K.shape[1], causal=bool(causal),
                          causal_variant=causal_variant)
     path = NaivePath(device_view(Q, dtype), device_view(K, dtype), device_view(V, dtype), sched, scale, dtype,

@@ -71,7 +71,7 @@ def _heads_layout(name: str, x: Any) -> np.ndarray:
     return array
 
 
-def _prepare(q, k, v, dtype: str, scale: float | None, causal_variant: str):
+def prepare_inputs(q, k, v, dtype: str, scale: float | None, causal_variant: str):
     """Check the inputs; return (Q, K, V) as (heads, n, d) in the storage dtype, and the scale."""
     store = storage_dtype(dtype)
     check_causal_variant(causal_variant)
@@ -121,7 +121,7 @@ def _flash_setup(
 ) -> _FlashSetup:
     if variant not in FLASH_ALGORITHMS:
         raise ValueError(f"variant must be one of {sorted(FLASH_ALGORITHMS)}, got {variant!r}")
-    Q, K, V, scale = _prepare(q, k, v, dtype, scale, causal_variant)
+    Q, K, V, scale = prepare_inputs(q, k, v, dtype, scale, causal_variant)
     block_q = check_positive_int("block_q", block_q)
     block_kv = check_positive_int("block_kv", block_kv)
     heads, n_q, d = Q.shape
@@ -215,7 +215,7 @@ def naive_attention(
     scale: float | None = None, dtype: str = "float16", *, record_events: bool = False,
 ) -> Run:
     """The explicit three-kernel baseline on the simulated GPU: S and P materialised in HBM."""
-    Q, K, V, scale = _prepare(q, k, v, dtype, scale, causal_variant)
+    Q, K, V, scale = prepare_inputs(q, k, v, dtype, scale, causal_variant)
     heads, n_q, d = Q.shape
     n_kv = K.shape[1]
     sched = TileSchedule(n_q, n_kv, n_q, n_kv, causal=bool(causal), causal_variant=causal_variant)

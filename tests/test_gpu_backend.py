@@ -28,7 +28,7 @@ from simflash.backends.kernels import (
 def test_sources_ship_as_package_data_with_includes_inlined():
     for name, kernel in (("flash2_forward.cu", "flash2_forward"), ("naive_softmax.cu", "naive_softmax")):
         text = kernel_source(name)
-        assert f"__global__ void __launch_bounds__" in text and kernel in text
+        assert "__global__ void __launch_bounds__" in text and kernel in text
         assert '#include "' not in text  # NVRTC sees one string
         assert "mma.sync.aligned.m16n8k16" in text  # ptx.cuh came along
 

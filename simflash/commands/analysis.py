@@ -5,16 +5,15 @@ Every number printed comes from the closed-form traffic model, the simulator or 
 
 from __future__ import annotations
 
-import contextlib
 import pathlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from simflash.commands import make_console
+from simflash.commands import make_console, user_errors
 from simflash.config import DEFAULT_GPU, GPUS, STORAGE_DTYPES, GiB, KiB, MiB
 from simflash.model.amdahl import QUOTED_FLOP_SHARE, SENSITIVITY_F_TIME, attention_flop_share, project, sensitivity
 from simflash.model.footprint import fused_footprints, intermediate_footprints, short_sequence
@@ -50,15 +49,6 @@ EXTRA_ARGS = {"allow_extra_args": True}  # for `--d 64 128 256`: see _with_extra
 def _list_help(what: str, option: str, default: Sequence[int]) -> str:
     return (f"{what}: --{option} 1,2 or --{option} 1 --{option} 2 (or --{option} 1 2 when it is the only list "
             f"given; default {','.join(map(str, default))}).")
-
-
-@contextlib.contextmanager
-def _user_errors() -> Iterator[None]:
-    """Bad input from the command line: a one-line error and exit status 2, not a traceback."""
-    try:
-        yield
-    except ValueError as error:
-        raise typer.BadParameter(str(error)) from None
 
 
 def _ints(option: str, values: Sequence[str]) -> list[int]:
@@ -121,7 +111,7 @@ def roofline(
     """Arithmetic intensity of naive and FlashAttention against each GPU's ridge point."""
     lists = _with_extras(ctx, {"d": d or list(map(str, ROOFLINE_D)), "n": n or list(map(str, SWEEP_N))})
     console = make_console()
-    with _user_errors():
+    with user_errors():
         rows = intensity_table(_ints("n", lists["n"]), _ints("d", lists["d"]), dtype, block_q, block_kv, variant)
         chosen = roof(gpu, dtype)
         roofs = gpu_roofs(dtype)
@@ -172,7 +162,7 @@ def amdahl(
 ) -> None:
     """Amdahl's law on a time share: speedup, latency cut, sensitivity, and why a FLOP share misleads."""
     console = make_console()
-    with _user_errors():
+    with user_errors():
         main = project(f_time, kernel_speedup)
         table = sensitivity(kernel_speedup, sensitivity_f or SENSITIVITY_F_TIME)
         counted = attention_flop_share(prompt_tokens, params, layers, heads, head_dim, causal)
@@ -204,7 +194,7 @@ def report(
     output: Annotated[pathlib.Path | None, typer.Option(help="Write the Markdown report here.")] = None,
 ) -> None:
     """One-page latency attribution report (Markdown) for a serial-trace scenario."""
-    with _user_errors():
+    with user_errors():
         text = render_report(load_scenario(scenario))
     if output is None:
         typer.echo(text, nl=False)
@@ -226,7 +216,7 @@ def footprint(
 ) -> None:
     """Memory footprints with their scopes: per head, one layer, training retention; fused; short N vs L2."""
     console = make_console()
-    with _user_errors():
+    with user_errors():
         naive = intermediate_footprints(n, heads, layers, dtype)
         fused = fused_footprints(n, d, block_q, block_kv, dtype, gpu)
         fits = short_sequence(short_n, dtype)
@@ -265,7 +255,7 @@ def sweep(
                                "sram_kib": sram_kib or list(map(str, SWEEP_SRAM_KIB))})
     console = make_console()
     variants = list(FLASH_TRAFFIC)
-    with _user_errors():
+    with user_errors():
         ns = _ints("n", lists["n"])
         sizes = [kib * KiB for kib in _ints("sram-kib", lists["sram_kib"])]
         by_condition = {causal: traffic_vs_n(ns, d, causal, dtype, block_q, block_kv) for causal in CONDITIONS}

@@ -7,37 +7,22 @@ saved results. Every number printed comes from a run or from a saved result.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shlex
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
-from simflash.commands import make_console
+from simflash.commands import make_console, user_errors
 
 gpu_app = typer.Typer(help="Run the FA-2 kernel and the naive path on a real GPU: check, profile, time.",
                       no_args_is_help=True)
 
 JSON_HELP = "Print the result as JSON instead of a table."
 SAVE_HELP = "Also write the result as JSON to this file."
-
-
-@contextlib.contextmanager
-def _user_errors() -> Iterator[None]:
-    """Bad input: a one-line error and exit status 2; a missing GPU or tool: a one-line error, status 1."""
-    try:
-        yield
-    except ValueError as error:
-        raise typer.BadParameter(str(error)) from None
-    except RuntimeError as error:
-        make_console(stderr=True).print(f"[red]error:[/red] {escape(str(error))}")
-        raise typer.Exit(1) from None
 
 
 def _ints(option: str, text: str) -> list[int]:
@@ -74,7 +59,7 @@ def info(as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = Fals
     """The GPU, the kernel configurations built for it, and what the compiler gave each default kernel."""
     from simflash.backends.kernels import Flash2Kernel, device_info, supported
 
-    with _user_errors():
+    with user_errors():
         kernels = [Flash2Kernel(dtype, 128, 64, d, instrumented).resources()
                    for dtype in ("float16", "bfloat16") for d in (64, 128) for instrumented in (False, True)]
         result = {"device": device_info(), "supported": supported(), "kernels": kernels}
@@ -98,7 +83,7 @@ def validate(
     from simflash.backends import validate as checks
     from simflash.backends.kernels import device_info
 
-    with _user_errors():
+    with user_errors():
         device = device_info()
         configs = checks.default_configs(quick)
         console = make_console(stderr=True)
@@ -136,7 +121,7 @@ def profile(
     from simflash.backends.profile import ProfileConfig, sweep_configs
     from simflash.backends.profile import profile as run_profile
 
-    with _user_errors():
+    with user_errors():
         configs = sweep_configs(d) if sweep else [
             ProfileConfig(n=size, d=d, heads=h, causal=causal, naive=size <= naive_max_n)
             for h in _ints("heads", heads) for size in _ints("n", n)]
@@ -176,7 +161,7 @@ def bench(
     except ValueError:
         raise typer.BadParameter(f"expected shapes like 128x64,64x64, got {tiles!r}", param_hint="--tiles") from None
     dram = dram_by_config(json.loads(dram_from.read_text())) if dram_from is not None else {}
-    with _user_errors():
+    with user_errors():
         configs = [BenchConfig(size, dim, heads, mask) for dim in _ints("d", d) for size in _ints("n", n)
                    for mask in masks[causal]]
         device = device_info()
@@ -208,7 +193,7 @@ def sdpa_check(
     from simflash.backends import report
     from simflash.backends.sdpa import sdpa_check as run_check
 
-    with _user_errors():
+    with user_errors():
         masks = (False, True) if both_masks else (causal,)
         result = {"command": _command_line(), "checks": [run_check(n, d, mask, heads) for mask in masks]}
     _emit(result, as_json, save, [("SDPA backends and the kernels they ran", report.sdpa_table(result["checks"]))])
@@ -224,7 +209,7 @@ def sanitize(
     """compute-sanitizer over both kernels, both builds, on small configurations."""
     from simflash.backends.sanitize import run
 
-    with _user_errors():
+    with user_errors():
         results = [run(name) for name in tool.split(",")]
     if save is not None:
         save.write_text("".join(f"$ {r['command']}\n{r['output']}\n" for r in results))
@@ -248,7 +233,7 @@ def report_command(
         raise typer.BadParameter(f"no saved results in {folder} (expected {', '.join(report.RESULT_FILES.values())})")
     tables = report.tables(results)
     if update is not None:
-        with _user_errors():
+        with user_errors():
             update.write_text(report.update_page(update.read_text(), tables))
         return
     for name, table in tables.items():
