@@ -89,36 +89,6 @@ def fa2_traffic(n_q, n_kv, d, block_q, block_kv, b, causal, causal_variant, writ
     return ledger
 
 
-# Closed forms by variant, as the algorithms registry: (n_q, n_kv, d, B_r, B_c, itemsize, causal,
-# causal_variant, write_logsumexp) -> ledger for one head.
-FLASH_TRAFFIC = {
-    "fa2": fa2_traffic,
-}
-
-
-def flash_traffic(
-    n: int, d: int, block_q: int = 128, block_kv: int = 64, dtype: str = "float16", causal: bool = False,
-    variant: str = "fa2", *, n_kv: int | None = None, heads: int = 1, causal_variant: str = "upper_left",
-    write_logsumexp: bool = False,
-) -> Traffic:
-    """Exact HBM bytes of tiled attention, equal to the simulator's ledger for the same configuration."""
-    if variant not in FLASH_TRAFFIC:
-        raise ValueError(f"variant must be one of {sorted(FLASH_TRAFFIC)}, got {variant!r}")
-    n_q, n_kv, d, heads = _sizes(n, d, n_kv, heads)
-    block_q = check_positive_int("block_q", block_q)
-    block_kv = check_positive_int("block_kv", block_kv)
-    b = storage_dtype(dtype).itemsize
-    ledger = FLASH_TRAFFIC[variant](n_q, n_kv, d, block_q, block_kv, b, bool(causal), causal_variant, write_logsumexp)
-    return Traffic(ledger).times(heads)
-
-
-def kv_passes(n: int, block_q: int = 128, block_kv: int = 64, causal: bool = False, *, n_kv: int | None = None,
-              causal_variant: str = "upper_left") -> float:
-    """Complete passes over K/V a tiled forward makes (the lesson's 32 unmasked, 16.5 causal)."""
-    n_q, n_kv, _, _ = _sizes(n, 1, n_kv, 1)
-    return sum(kv_rows_visited(n_q, n_kv, block_q, block_kv, bool(causal), causal_variant)) / n_kv
-
-
 def fa1_traffic(n_q, n_kv, d, block_q, block_kv, b, causal, causal_variant, write_logsumexp) -> dict:
     """FA-1: initialise O, l, m in HBM; read each KV tile that some query tile visits once; for every
     visited (j, i) read Q_i, O_i, l_i, m_i and write O_i, l_i, m_i back (l and m in float32).
@@ -145,4 +115,32 @@ def fa1_traffic(n_q, n_kv, d, block_q, block_kv, b, causal, causal_variant, writ
     return ledger
 
 
-FLASH_TRAFFIC["fa1"] = fa1_traffic
+# Closed forms by variant, as the algorithms registry: (n_q, n_kv, d, B_r, B_c, itemsize, causal,
+# causal_variant, write_logsumexp) -> ledger for one head.
+FLASH_TRAFFIC = {
+    "fa2": fa2_traffic,
+    "fa1": fa1_traffic,
+}
+
+
+def flash_traffic(
+    n: int, d: int, block_q: int = 128, block_kv: int = 64, dtype: str = "float16", causal: bool = False,
+    variant: str = "fa2", *, n_kv: int | None = None, heads: int = 1, causal_variant: str = "upper_left",
+    write_logsumexp: bool = False,
+) -> Traffic:
+    """Exact HBM bytes of tiled attention, equal to the simulator's ledger for the same configuration."""
+    if variant not in FLASH_TRAFFIC:
+        raise ValueError(f"variant must be one of {sorted(FLASH_TRAFFIC)}, got {variant!r}")
+    n_q, n_kv, d, heads = _sizes(n, d, n_kv, heads)
+    block_q = check_positive_int("block_q", block_q)
+    block_kv = check_positive_int("block_kv", block_kv)
+    b = storage_dtype(dtype).itemsize
+    ledger = FLASH_TRAFFIC[variant](n_q, n_kv, d, block_q, block_kv, b, bool(causal), causal_variant, write_logsumexp)
+    return Traffic(ledger).times(heads)
+
+
+def kv_passes(n: int, block_q: int = 128, block_kv: int = 64, causal: bool = False, *, n_kv: int | None = None,
+              causal_variant: str = "upper_left") -> float:
+    """Complete passes over K/V a tiled forward makes (the lesson's 32 unmasked, 16.5 causal)."""
+    n_q, n_kv, _, _ = _sizes(n, 1, n_kv, 1)
+    return sum(kv_rows_visited(n_q, n_kv, block_q, block_kv, bool(causal), causal_variant)) / n_kv
