@@ -25,3 +25,22 @@ def test_readme_python_example_runs():
     for code in blocks("python"):
         exec(compile(code, str(README), "exec"), namespace)
     assert namespace["run"].traffic.total_bytes > 0
+
+
+def test_readme_run_table_is_what_simflash_run_prints():
+    import json
+
+    from typer.testing import CliRunner
+
+    from simflash.cli import app
+    from simflash.config import MiB
+
+    table = next(b for b in blocks("text") if b.startswith("configuration"))
+    result = CliRunner().invoke(app, ["run", "--json"])
+    assert result.exit_code == 0, result.output
+    measured = {row["name"]: row for row in json.loads(result.stdout)["rows"]}
+    for line in table.splitlines()[1:]:
+        name, numbers = re.match(r"(.+?)\s{2,}([\d.]+\s+[\d.]+\s+[\d.]+)", line).groups()
+        traffic = measured[name]["traffic"]
+        expected = [f"{traffic[k] / MiB:.2f}" for k in ("read_bytes", "write_bytes", "total_bytes")]
+        assert numbers.split() == expected, name
