@@ -44,3 +44,22 @@ def test_readme_run_table_is_what_simflash_run_prints():
         traffic = measured[name]["traffic"]
         expected = [f"{traffic[k] / MiB:.2f}" for k in ("read_bytes", "write_bytes", "total_bytes")]
         assert numbers.split() == expected, name
+
+
+def test_readme_figures_are_the_committed_measurements():
+    import json
+
+    root = README.parent
+    text = README.read_text()
+    flash, naive, memory = json.loads((root / "benchmarks/results.json").read_text())["results"]
+    assert f"{flash['ratio']:.2f}x ({flash['simulated_s']:.3f} s vs {flash['bare_s']:.3f} s)" in text
+    assert f"{naive['ratio']:.2f}x ({naive['simulated_s']:.3f} s vs {naive['bare_s']:.3f} s)" in text
+    assert f"{memory['peak_rss_mb']:.0f} MB (naive's S alone: {memory['naive_S_would_be_mb']:.0f} MB)" in text
+    rows = json.loads((root / "benchmarks/gpu/bench.json").read_text())["rows"]
+    gpu_lines = re.findall(r"^\| (\d+) \| (\d+) \| (no|yes) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+)x \|$", text, flags=re.M)
+    assert len(gpu_lines) == 3
+    for n, d, causal, ours, sdpa, ratio in gpu_lines:
+        row = next(r for r in rows if (r["config"]["n"], r["config"]["d"], r["config"]["causal"]) ==
+                   (int(n), int(d), causal == "yes"))
+        assert (ours, sdpa, ratio) == (f"{row['fa2']['128x64']['tflops']:.1f}", f"{row['sdpa_flash']['tflops']:.1f}",
+                                       f"{row['fa2']['128x64']['tflops'] / row['sdpa_flash']['tflops']:.2f}")
