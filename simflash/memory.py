@@ -228,7 +228,7 @@ class OnChipScope:
 
     def hold(self, buffer: str, nbytes: int) -> None:
         self._live[buffer] = nbytes
-        live_bytes = sum(self._live.values())
+        live_bytes = self.live_bytes
         if self.capacity_bytes is not None and live_bytes > self.capacity_bytes:
             held = ", ".join(f"{b} {n / KiB:g} KiB" for b, n in self._live.items())
             raise SRAMOverflowError(
