@@ -133,6 +133,31 @@ def profile(
 
 
 @gpu_app.command()
+def calibrate(
+    cache: Annotated[str, typer.Option(help="cold (ncu flushes before every kernel), warm (one read-only "
+                                            "flush before each group), or time (CUDA events, no profiler).")] = "cold",
+    limit: Annotated[int | None, typer.Option(help="Only the first LIMIT configurations (a smoke run).")] = None,
+    seed: Annotated[int, typer.Option(help="Input seed.")] = 0,
+    raw_csv: Annotated[Path | None, typer.Option(help="Also keep ncu's CSV report here.")] = None,
+    save: Annotated[Path | None, typer.Option(help=SAVE_HELP)] = None,
+) -> None:
+    """The whole-chip model's calibration sweep: naive, our FA-2 and SDPA flash under Nsight Compute."""
+    from simflash.backends import calibrate as sweep
+    from simflash.backends.kernels import device_info
+
+    if cache not in ("cold", "warm", "time"):
+        raise typer.BadParameter(f"expected cold, warm or time, got {cache!r}", param_hint="--cache")
+    with user_errors():
+        configs = sweep.sweep_configs()[:limit]
+        measured = sweep.time_groups(configs, seed) if cache == "time" else sweep.measure(configs, cache, seed, raw_csv)
+        result = {"command": _command_line(), "device": device_info(), **measured}
+    text = json.dumps(result, indent=1)
+    if save is not None:
+        save.write_text(text + "\n")
+    typer.echo(f"{len(result['configs'])} configurations measured ({cache})")
+
+
+@gpu_app.command()
 def bench(
     n: Annotated[str, typer.Option(help="Sequence lengths, comma-separated.")] = "1024,4096,16384",
     d: Annotated[str, typer.Option(help="Head dims, comma-separated.")] = "64,128",

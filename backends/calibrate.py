@@ -1,0 +1,148 @@
+"""The whole-chip calibration sweep: DRAM and L2 bytes and time of every kernel, under Nsight Compute.
+
+Three implementations (the naive path, our FA-2 kernel, PyTorch SDPA's flash forward) over the
+regimes where physical traffic departs from the logical count: naive with H x N^2 x 2 bytes of S
+from 1 to 512 MiB; FA-2 with one head's K + V from 1 to 64 MiB, up to 96 heads, d = 64 and 128,
+causal and not. Two cache modes:
+
+- cold: `ncu --cache-control all` flushes every cache before each kernel;
+- warm: `ncu --cache-control none`, and the program flushes the L2 once before each group with a
+  read-only reduction, so the naive path's three kernels share the L2 as in an application.
+
+One ncu process per mode profiles every configuration (calibrate_target), with a marker kernel
+before each group; the metric list is short enough for one pass. A third, unprofiled pass times
+each group with CUDA events (warm, median of repeats).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from simflash.backends.calibrate_target import MARKER
+from simflash.backends.profile import available_metrics, find_ncu, parse_ncu_csv
+
+METRICS = {
+    "dram_read_bytes": "dram__bytes_read.sum",
+    "dram_write_bytes": "dram__bytes_write.sum",
+    "l2_read_sectors": "lts__t_sectors_srcunit_tex_op_read.sum",
+    "l2_write_sectors": "lts__t_sectors_srcunit_tex_op_write.sum",
+    "l2_read_hit_sectors": "lts__t_sectors_srcunit_tex_op_read_lookup_hit.sum",
+    "time_ns": "gpu__time_duration.sum",
+    # launch statistics: free (no counter pass)
+    "grid_size": "launch__grid_size",
+    "block_size": "launch__block_size",
+    "registers_per_thread": "launch__registers_per_thread",
+    "shared_bytes_dynamic": "launch__shared_mem_per_block_dynamic",
+    "shared_bytes_static": "launch__shared_mem_per_block_static",
+    "occupancy_limit_registers": "launch__occupancy_limit_registers",
+    "occupancy_limit_shared_mem": "launch__occupancy_limit_shared_mem",
+    "occupancy_limit_warps": "launch__occupancy_limit_warps",
+}
+SECTOR_BYTES = 32
+CACHE_CONTROL = {"cold": "all", "warm": "none"}
+MiB = 1024**2
+
+
+def _config(algorithm: str, n: int, heads: int, d: int = 128, causal: bool = False) -> dict:
+    return {"algorithm": algorithm, "n": n, "heads": heads, "d": d, "causal": causal, "block_q": 128, "block_kv": 64}
+
+
+def sweep_configs() -> list[dict]:
+    """Every configuration of the calibration sweep (the fit and the held-out rows are chosen later)."""
+    naive = []
+    for n in (256, 512, 1024, 2048, 4096, 8192):
+        per_head = n * n * 2
+        for target_mib in (1, 4, 12, 24, 32, 48, 64, 128, 256, 512):
+            heads = round(target_mib * MiB / per_head)
+            if heads >= 1 and abs(heads * per_head / MiB - target_mib) / target_mib < 0.3:
+                naive.append(_config("naive", n, heads))
+    naive += [_config("naive", n, heads, d=64) for n, heads in ((1024, 16), (2048, 4), (4096, 2), (4096, 8))]
+    flash = []
+    shapes = ((4096, 32), (4096, 96), (8192, 16), (8192, 64), (16384, 8), (16384, 32), (32768, 4), (32768, 24),
+              (65536, 2), (65536, 12), (131072, 1), (131072, 4))
+    for d in (128, 64):
+        for causal in (False, True):
+            for n, heads in shapes:
+                for algorithm in ("fa2", "sdpa_flash"):
+                    flash.append(_config(algorithm, n, heads, d, causal))
+    return naive + flash
+
+
+def split_groups(kernels: list[dict], configs: list[dict]) -> list[list[dict]]:
+    """Cut the launch-ordered kernels at the marker kernels: one group per configuration."""
+    groups: list[list[dict]] = []
+    for kernel in kernels:
+        if MARKER in kernel["name"]:
+            groups.append([])
+        elif groups:
+            groups[-1].append(kernel)
+    if len(groups) != len(configs):
+        raise RuntimeError(f"found {len(groups)} marked groups in the profile for {len(configs)} configurations")
+    return groups
+
+
+def kernel_rows(config: dict, group: list[dict]) -> list[dict]:
+    """One row per kernel of the group, named as the simulator's ledger names it."""
+    names = [k["name"] for k in group]
+    if config["algorithm"] == "naive":
+        softmax = next(i for i, name in enumerate(names) if "naive_softmax" in name)
+        stages = {"gemm_qk": group[:softmax], "softmax": group[softmax:softmax + 1], "gemm_pv": group[softmax + 1:]}
+    else:
+        stages = {"flash2_forward": group}
+    rows = []
+    for stage, kernels in stages.items():
+        sums = {ours: sum(k["metrics"].get(theirs, 0.0) for k in kernels) for ours, theirs in METRICS.items()
+                if not ours.startswith(("grid", "block", "registers", "shared", "occupancy"))}
+        launch = {ours: kernels[0]["metrics"].get(theirs) for ours, theirs in METRICS.items()
+                  if ours.startswith(("grid", "block", "registers", "shared", "occupancy"))}
+        rows.append({
+            "kernel": stage,
+            "ncu_kernels": [k["name"][:100] for k in kernels],
+            "dram_read_bytes": int(round(sums["dram_read_bytes"])),
+            "dram_write_bytes": int(round(sums["dram_write_bytes"])),
+            "l2_read_bytes": int(round(sums["l2_read_sectors"])) * SECTOR_BYTES,
+            "l2_write_bytes": int(round(sums["l2_write_sectors"])) * SECTOR_BYTES,
+            "l2_read_hit_bytes": int(round(sums["l2_read_hit_sectors"])) * SECTOR_BYTES,
+            "time_s": sums["time_ns"] * 1e-9,
+            "launch": launch,
+        })
+    return rows
+
+
+def _run_target(spec: dict, prefix: list[str]) -> tuple[str, list]:
+    with tempfile.TemporaryDirectory() as folder:
+        spec_path, result_path = Path(folder) / "spec.json", Path(folder) / "result.json"
+        spec_path.write_text(json.dumps(spec))
+        command = [*prefix, sys.executable, "-m", "simflash.backends.calibrate_target", str(spec_path), str(result_path)]
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0 or not result_path.exists():
+            raise RuntimeError(f"{command[0]} failed (exit {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+        return done.stdout, json.loads(result_path.read_text())
+
+
+def measure(configs: list[dict], cache: str, seed: int = 0, raw_csv: Path | None = None) -> dict:
+    """Profile every configuration in one ncu process in cache mode `cache`."""
+    ncu = find_ncu()
+    have = available_metrics(ncu)
+    metrics = [theirs for theirs in METRICS.values() if not have or theirs.rsplit(".", 1)[0] in have]
+    prefix = [ncu, "--clock-control", "none", "--cache-control", CACHE_CONTROL[cache], "--profile-from-start", "off",
+              "--csv", "--print-units", "base", "--metrics", ",".join(metrics)]
+    stdout, _ = _run_target({"seed": seed, "cache": cache, "configs": configs}, prefix)
+    if raw_csv is not None:
+        raw_csv.write_text(stdout)
+    groups = split_groups(parse_ncu_csv(stdout), configs)
+    return {
+        "cache": cache,
+        "ncu_command": " ".join(["ncu", *prefix[1:]]) + " python -m simflash.backends.calibrate_target",
+        "configs": [{"config": c, "kernels": kernel_rows(c, g)} for c, g in zip(configs, groups)],
+    }
+
+
+def time_groups(configs: list[dict], seed: int = 0) -> dict:
+    """CUDA-event time of each configuration's group, warm from the read-only flush (no profiler)."""
+    _, results = _run_target({"seed": seed, "cache": "warm", "time": True, "configs": configs}, [])
+    return {"timer": "CUDA events around the group, after a read-only L2 flush; median of 5", "configs": results}

@@ -1,0 +1,24 @@
+#!/bin/bash
+# The whole-chip calibration sweep, in one call on the GPU machine (run from the repo root):
+#   bash benchmarks/gpu/calibrate.sh [cold warm time]
+# Writes calibration_{cold,warm}.json with ncu's raw CSV beside each, and calibration_time.json,
+# to $OUT (or ./gpu-out). Each mode is bounded so the call ends inside the machine's 10-minute limit.
+set -u -o pipefail
+out=${OUT:-gpu-out}
+mkdir -p "$out"
+log="$out/calibrate_log.txt"
+export PYTHONUNBUFFERED=1
+sf() { python3 -c "from simflash.cli import main; main()" "$@"; }
+python3 -m pip install -q --no-deps --no-build-isolation -e . >>"$log" 2>&1 || { echo "install failed"; tail "$log"; exit 1; }
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv | tee -a "$log"
+modes=("$@"); [ $# -eq 0 ] && modes=(cold warm time)
+for mode in "${modes[@]}"; do
+  echo "== $(date +%T) $mode" | tee -a "$log"
+  if [ "$mode" = time ]; then
+    timeout 280 sf gpu calibrate --cache time --save "$out/calibration_time.json" 2>&1 | tail -5 | tee -a "$log"
+  else
+    timeout 280 sf gpu calibrate --cache "$mode" --raw-csv "$out/calibration_${mode}_ncu.csv" \
+      --save "$out/calibration_${mode}.json" 2>&1 | tail -5 | tee -a "$log"
+  fi
+done
+echo "== $(date +%T) done" | tee -a "$log"
