@@ -1,0 +1,130 @@
+"""The L2 cache between HBM and the SMs: what the DRAM sees of the logical traffic.
+
+Write-back, write-allocate, least-recently-used over *blocks* (a tile of a tensor, or a run of rows):
+every transfer names the block it touches, so the cache tracks tiles rather than 32-byte sectors
+(a tile is read or written whole, so its sectors share one fate). Counted per (kernel, tensor):
+
+- hit bytes: reads served by the L2 (a block already resident);
+- DRAM read bytes: reads that missed, filled from DRAM;
+- DRAM write bytes: dirty blocks evicted while the kernel runs (charged to the evicted tensor);
+- dirty-at-end bytes: dirty blocks still resident when the kernel ends: not yet DRAM traffic, and
+  not counted by Nsight Compute for this kernel.
+
+A write allocates its block dirty without reading DRAM (whole sectors are written). Capacity is the
+*effective* capacity one kernel's stream can use, a fitted figure (see the machine files), not the
+nameplate size. `flush` writes every dirty block back outside any kernel and empties the cache: ncu's
+`--cache-control all` before every kernel ("cold"), or once before a run ("warm").
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable, Mapping
+
+import attrs
+
+BlockKey = tuple[Hashable, ...]  # (tensor, ...) naming one block of one tensor
+
+
+@attrs.frozen
+class L2Flow:
+    """What the L2 did for one (kernel, tensor), in bytes."""
+
+    hit_bytes: int = 0
+    dram_read_bytes: int = 0
+    dram_write_bytes: int = 0
+    dirty_at_end_bytes: int = 0
+
+    def __add__(self, other: L2Flow) -> L2Flow:
+        return L2Flow(*(a + b for a, b in zip(attrs.astuple(self), attrs.astuple(other))))
+
+
+@attrs.frozen(hash=False)
+class PhysicalTraffic:
+    """The L2's ledger of a run: L2Flow by (kernel, tensor), and its sums."""
+
+    ledger: Mapping[tuple[str, str], L2Flow] = attrs.field(factory=dict)
+
+    def _sum(self, key_index: int) -> dict[str, L2Flow]:
+        grouped: dict[str, L2Flow] = {}
+        for key, flow in self.ledger.items():
+            grouped[key[key_index]] = grouped.get(key[key_index], L2Flow()) + flow
+        return grouped
+
+    @property
+    def by_kernel(self) -> dict[str, L2Flow]:
+        return self._sum(0)
+
+    @property
+    def by_tensor(self) -> dict[str, L2Flow]:
+        return self._sum(1)
+
+
+@attrs.define
+class L2Cache:
+    """An LRU, write-back, write-allocate cache of `capacity_bytes`, counting by (kernel, tensor)."""
+
+    capacity_bytes: int
+    read_fill_weight: float = 1.0
+    kernel: str | None = None
+    _blocks: OrderedDict[BlockKey, list] = attrs.field(factory=OrderedDict)  # key -> [nbytes, dirty, cost]
+    _resident_cost: float = 0.0
+    _flows: dict[tuple[str, str], list[int]] = attrs.field(factory=dict)
+
+    def read(self, key: BlockKey, nbytes: int, count: int = 1) -> None:
+        """`count` back-to-back reads of a block (CTAs in lock-step): the first may miss, the rest hit."""
+        flow = self._flow(key[0])
+        block = self._blocks.get(key)
+        if block is None:
+            flow[1] += nbytes
+            self._insert(key, nbytes, dirty=False, cost=nbytes * (self.read_fill_weight if count == 1 else 1.0))
+            flow[0] += nbytes * (count - 1)
+        else:
+            self._resident_cost += nbytes - block[2]  # a block read again holds its full size
+            block[2] = nbytes
+            self._blocks.move_to_end(key)
+            flow[0] += nbytes * count
+            self._evict()
+
+    def write(self, key: BlockKey, nbytes: int) -> None:
+        block = self._blocks.get(key)
+        self._flow(key[0])  # the tensor appears in the ledger even when nothing reaches DRAM
+        if block is None:
+            self._insert(key, nbytes, dirty=True, cost=nbytes)
+        else:
+            self._resident_cost += nbytes - block[2]
+            block[0], block[1], block[2] = nbytes, True, nbytes
+            self._blocks.move_to_end(key)
+            self._evict()
+
+    def end_kernel(self) -> None:
+        """Record the dirty bytes still resident, by tensor, against the kernel that is ending."""
+        for key, (nbytes, dirty, _) in self._blocks.items():
+            if dirty:
+                self._flow(key[0])[3] += nbytes
+        self.kernel = None
+
+    def flush(self) -> None:
+        """Write back and invalidate everything, outside any kernel (no bytes are charged)."""
+        self._blocks.clear()
+        self._resident_cost = 0.0
+
+    def traffic(self) -> PhysicalTraffic:
+        return PhysicalTraffic({key: L2Flow(*flow) for key, flow in self._flows.items()})
+
+    def _flow(self, tensor: Hashable) -> list[int]:
+        if self.kernel is None:
+            raise RuntimeError(f"L2 access to {tensor!r} outside a kernel")
+        return self._flows.setdefault((self.kernel, str(tensor)), [0, 0, 0, 0])
+
+    def _insert(self, key: BlockKey, nbytes: int, dirty: bool, cost: float) -> None:
+        self._blocks[key] = [nbytes, dirty, cost]
+        self._resident_cost += cost
+        self._evict()
+
+    def _evict(self) -> None:
+        while self._resident_cost > self.capacity_bytes and self._blocks:
+            key, (nbytes, dirty, cost) = self._blocks.popitem(last=False)
+            self._resident_cost -= cost
+            if dirty:
+                self._flow(key[0])[2] += nbytes
