@@ -1,10 +1,20 @@
-"""Configuration as data: storage dtypes, GPU specs, causal variants."""
+"""Configuration as data: storage dtypes, GPU specs (read from the machine files), causal variants."""
 
 from __future__ import annotations
+
+import importlib.resources
+import math
+import os
+import pathlib
 
 import attrs
 import ml_dtypes
 import numpy as np
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 
 KiB = 1024
 MiB = 1024**2
@@ -45,59 +55,113 @@ def check_positive_int(name: str, value: object) -> int:
 
 @attrs.frozen
 class GPUSpec:
-    """Datasheet figures for one GPU (peak, dense; leads, not measurements)."""
+    """One GPU's figures, read from its machine file in simflash/machines/, which cites a source for
+    every number. Peak rates are dense datasheet figures: leads, not measurements."""
 
     name: str
+    # -- chip
+    sm_count: int
+    clock_hz: float  # the boost clock that fp32_flops_per_s and sfu_ops_per_s assume
+    # -- L2 cache
+    l2_bytes: int
+    l2_sector_bytes: int
+    l2_line_bytes: int
+    l2_partitions: int
+    # -- per SM: the limits the occupancy calculator applies
+    max_threads_per_sm: int
+    max_warps_per_sm: int
+    max_ctas_per_sm: int
+    max_threads_per_cta: int
+    registers_per_sm: int  # 32-bit registers
+    max_registers_per_thread: int
+    register_alloc_unit_per_warp: int
+    sub_partitions_per_sm: int  # each holds an equal share of the register file
+    shared_bytes_per_sm: int  # the largest shared-memory carve-out
+    max_shared_bytes_per_cta: int  # the opt-in limit
+    shared_reserved_bytes_per_cta: int  # taken by the system from every CTA's share
+    shared_alloc_unit_bytes: int
+    # -- throughput
     peak_flops: dict[str, float]  # FLOP/s by storage dtype (tensor cores for 16-bit, plain fp32 otherwise)
+    fp32_flops_per_s: float  # the non-tensor FMA pipes
+    sfu_ops_per_s: float  # exp2, rcp, rsqrt, log2 results
     hbm_bytes_per_s: float
     l2_bytes_per_s: float  # an estimate: vendors publish no L2 bandwidth figure
-    sm_count: int
-    smem_carveout_bytes: int  # largest shared-memory carve-out per SM
-    l2_bytes: int
+    # Model parameters fitted to measurements; the machine file names the measurement behind each.
+    calibration: dict[str, float] = attrs.field(factory=dict)
+
+    @property
+    def smem_carveout_bytes(self) -> int:
+        """The shared-memory carve-out per SM: shared_bytes_per_sm by its older name."""
+        return self.shared_bytes_per_sm
 
     def ridge_point(self, dtype: str = "float16") -> float:
         """FLOP per HBM byte at which the roofline turns from bandwidth- to compute-bound."""
         return self.peak_flops[dtype] / self.hbm_bytes_per_s
 
 
-GPUS: dict[str, GPUSpec] = {
-    "A100": GPUSpec(
-        name="A100 80GB SXM",
-        peak_flops={"float16": 312e12, "bfloat16": 312e12, "float32": 19.5e12},
-        hbm_bytes_per_s=2.039e12,
-        l2_bytes_per_s=7.0e12,
-        sm_count=108,
-        smem_carveout_bytes=164 * KiB,
-        l2_bytes=40 * MiB,
-    ),
-    "H100": GPUSpec(
-        name="H100 SXM",
-        peak_flops={"float16": 989e12, "bfloat16": 989e12, "float32": 67e12},
-        hbm_bytes_per_s=3.35e12,
-        l2_bytes_per_s=12.0e12,
-        sm_count=132,
-        smem_carveout_bytes=228 * KiB,
-        l2_bytes=50 * MiB,
-    ),
-    "H200": GPUSpec(
-        name="H200 SXM",
-        peak_flops={"float16": 989e12, "bfloat16": 989e12, "float32": 67e12},
-        hbm_bytes_per_s=4.8e12,
-        l2_bytes_per_s=12.0e12,
-        sm_count=132,
-        smem_carveout_bytes=228 * KiB,
-        l2_bytes=60 * MiB,
-    ),
-    "B200": GPUSpec(
-        name="B200 SXM",
-        peak_flops={"float16": 2250e12, "bfloat16": 2250e12, "float32": 80e12},
-        hbm_bytes_per_s=8.0e12,
-        l2_bytes_per_s=20.0e12,
-        sm_count=148,
-        smem_carveout_bytes=228 * KiB,
-        l2_bytes=126 * MiB,
-    ),
-}
+attrs.resolve_types(GPUSpec)
+
+
+def load_machine(path: str | os.PathLike) -> GPUSpec:
+    """A GPUSpec from a machine file: TOML whose keys are GPUSpec's fields (see simflash/machines/)."""
+    path = pathlib.Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise ValueError(f"cannot read machine file {path}: {error.strerror}") from None
+    return _parse_machine(text, str(path))
+
+
+def _parse_machine(text: str, source: str) -> GPUSpec:
+    try:
+        table = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise ValueError(f"machine file {source}: not valid TOML: {error}") from None
+    fields = attrs.fields_dict(GPUSpec)
+    unknown = sorted(set(table) - set(fields))
+    if unknown:
+        raise ValueError(f"machine file {source}: unknown key {unknown[0]!r}; the keys are GPUSpec's fields")
+    values = {}
+    for key, field in fields.items():
+        if key in table:
+            values[key] = _machine_value(source, key, table[key], field.type)
+        elif field.default is attrs.NOTHING:
+            raise ValueError(f"machine file {source}: missing key {key!r}")
+    missing_dtypes = sorted(set(STORAGE_DTYPES) - set(values["peak_flops"]))
+    if missing_dtypes:
+        raise ValueError(f"machine file {source}: missing key 'peak_flops.{missing_dtypes[0]}'")
+    return GPUSpec(**values)
+
+
+def _machine_value(source: str, key: str, value: object, kind: type) -> object:
+    """value checked against a GPUSpec field's type: str, a positive int or float, or a table of floats."""
+    if kind is str:
+        if not isinstance(value, str):
+            raise ValueError(f"machine file {source}: key {key!r} must be a string, got {value!r}")
+        return value
+    if kind is int:
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"machine file {source}: key {key!r} must be a positive integer, got {value!r}")
+        return value
+    if kind is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"machine file {source}: key {key!r} must be a positive number, got {value!r}")
+        return float(value)
+    if not isinstance(value, dict):  # dict[str, float]
+        raise ValueError(f"machine file {source}: key {key!r} must be a table of numbers, got {value!r}")
+    return {name: _machine_value(source, f"{key}.{name}", number, float) for name, number in value.items()}
+
+
+# The built-in machine files, in the order tables list them.
+BUILTIN_MACHINES = ("A100", "H100", "H200", "B200")
+
+
+def _builtin_machine(name: str) -> GPUSpec:
+    resource = importlib.resources.files("simflash") / "machines" / f"{name}.toml"
+    return _parse_machine(resource.read_text(encoding="utf-8"), f"simflash/machines/{name}.toml")
+
+
+GPUS: dict[str, GPUSpec] = {name: _builtin_machine(name) for name in BUILTIN_MACHINES}
 DEFAULT_GPU = "H200"
 
 
