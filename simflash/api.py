@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Generator, Iterable
+from collections.abc import Generator, Iterable, Iterator
 from typing import Any
 
 import attrs
@@ -11,7 +11,9 @@ import ml_dtypes
 import numpy as np
 
 from simflash.algorithms import FLASH_ALGORITHMS
-from simflash.algorithms.naive import naive_forward
+from simflash.algorithms.naive import KERNELS as NAIVE_KERNELS
+from simflash.algorithms.naive import NAIVE_CTAS, naive_grid
+from simflash.chip import KERNEL_PROFILES, l2_cache, resident_ctas
 from simflash.config import (
     DEFAULT_GPU,
     STATE_DTYPE,
@@ -21,6 +23,8 @@ from simflash.config import (
     gpu_spec,
     storage_dtype,
 )
+from simflash.grid import check_schedule, run_bodies
+from simflash.l2 import PhysicalTraffic
 from simflash.memory import MemoryEvent, OnChipStats, SimulatedGPU, Traffic
 from simflash.schedule import TileSchedule
 from simflash.trace import DEFAULT_TRACE_BUDGET_BYTES, TileStep, Trace, TraceRequest, trace_request
@@ -44,6 +48,8 @@ class RunConfig:
     write_logsumexp: bool = False
     gpu: str | None = None
     sram_bytes: int | None = None
+    schedule: str = "sequential"
+    cache: str | None = None
 
 
 @attrs.frozen(eq=False)
@@ -58,6 +64,8 @@ class Run:
     on_chip: OnChipStats | None = None  # peak SRAM and register occupancy (tiled algorithms)
     logsumexp: np.ndarray | None = None  # float32, shape q.shape[:-1], when write_logsumexp=True
     events: tuple[MemoryEvent, ...] = ()  # every transfer, hold and matmul, when record_events=True
+    flops_by_kind: dict[str, int] = attrs.field(factory=dict)  # tensor (= flops), exp, fp32
+    physical: PhysicalTraffic | None = None  # what the L2 let through to DRAM, when cache is set
 
 
 def _heads_layout(name: str, x: Any) -> np.ndarray:
@@ -99,9 +107,23 @@ def prepare_inputs(q, k, v, dtype: str, scale: float | None, causal_variant: str
     return (*stored, float(scale))
 
 
-def _simulated_gpu(gpu: str, sram_bytes: int | None, record_events: bool) -> tuple[SimulatedGPU, int]:
-    capacity = gpu_spec(gpu).smem_carveout_bytes if sram_bytes is None else check_positive_int("sram_bytes", sram_bytes)
-    return SimulatedGPU.build(capacity, record_events), capacity
+CACHE_MODES = ("cold", "warm")
+
+
+def check_cache(cache: object) -> str | None:
+    if cache is not None and cache not in CACHE_MODES:
+        raise ValueError(f"cache must be None or one of {CACHE_MODES}, got {cache!r}")
+    return cache
+
+
+def _simulated_gpu(gpu: str, sram_bytes: int | None, record_events: bool, cache: str | None
+                   ) -> tuple[SimulatedGPU, int]:
+    spec = gpu_spec(gpu)
+    capacity = spec.smem_carveout_bytes if sram_bytes is None else check_positive_int("sram_bytes", sram_bytes)
+    machine = SimulatedGPU.build(capacity, record_events)
+    if check_cache(cache) is not None:
+        machine.hbm.l2 = l2_cache(spec)
+    return machine, capacity
 
 
 @attrs.define
@@ -118,6 +140,7 @@ class _FlashSetup:
 def _flash_setup(
     q, k, v, *, block_q, block_kv, causal, causal_variant, scale, dtype, variant,
     trace, trace_heads, trace_tiles, trace_budget, write_logsumexp, gpu, sram_bytes, record_events,
+    schedule="sequential", cache=None,
 ) -> _FlashSetup:
     if variant not in FLASH_ALGORITHMS:
         raise ValueError(f"variant must be one of {sorted(FLASH_ALGORITHMS)}, got {variant!r}")
@@ -127,9 +150,10 @@ def _flash_setup(
     heads, n_q, d = Q.shape
     sched = TileSchedule(n_q, K.shape[1], block_q, block_kv, causal=bool(causal), causal_variant=causal_variant)
     request = trace_request(trace, trace_heads, trace_tiles, sched, heads, d, trace_budget)
-    machine, capacity = _simulated_gpu(gpu, sram_bytes, record_events)
+    check_schedule(schedule)
+    machine, capacity = _simulated_gpu(gpu, sram_bytes, record_events, cache)
     config = RunConfig(variant, heads, n_q, sched.n_kv, d, dtype, scale, bool(causal), causal_variant,
-                       block_q, block_kv, bool(write_logsumexp), gpu, capacity)
+                       block_q, block_kv, bool(write_logsumexp), gpu, capacity, schedule, cache)
     machine.hbm.place("Q", Q, Q.dtype)
     machine.hbm.place("K", K, K.dtype)
     machine.hbm.place("V", V, V.dtype)
@@ -139,20 +163,74 @@ def _flash_setup(
     return _FlashSetup(machine, sched, request, config, np.shape(q))
 
 
+def run_tiled(
+    machine: SimulatedGPU, variant: str, sched: TileSchedule, scale: float, trace: TraceRequest | None = None,
+    *, write_logsumexp: bool = False, slots: int = 1, longest_first: bool = False,
+) -> Iterator[TileStep]:
+    """Run every CTA of a registered tiled algorithm on `machine`, as one kernel; yield the traced steps.
+
+    Q, K, V (heads, n, d) and O must be in HBM already, and L when write_logsumexp; the per-row
+    statistics the algorithm keeps in HBM (its `row_state`) are allocated here. Each CTA runs on its
+    own SRAM (`machine.for_cta`), `slots` of them resident at a time (1: one after another, in
+    launch order).
+    """
+    algorithm = FLASH_ALGORITHMS[variant]
+    request = TraceRequest("none") if trace is None else trace
+    heads, n_q = machine.hbm.shape("Q")[:2]
+    for name in algorithm.row_state:
+        machine.hbm.allocate(name, (heads, n_q), STATE_DTYPE)
+
+    def body(cta):
+        cta_gpu = machine.for_cta(cta.index)
+        return _attributed(cta_gpu, cta.index, algorithm.cta(cta_gpu, sched, scale, request, cta,
+                                                             write_logsumexp=write_logsumexp))
+
+    ctas = algorithm.grid(sched, heads, longest_first=longest_first)
+    with machine.hbm.kernel(algorithm.kernel):
+        yield from run_bodies({cta: (lambda cta=cta: body(cta)) for cta in ctas}, slots)
+
+
+def _trace_config(config: RunConfig) -> dict[str, Any]:
+    """A run's config as its trace records it: schedule and cache only where they are not the defaults,
+    so the traces of sequential runs without an L2 read as they always have."""
+    defaults = {"schedule": "sequential", "cache": None}
+    return {k: v for k, v in attrs.asdict(config).items() if k not in defaults or v != defaults[k]}
+
+
 def _flash_steps(setup: _FlashSetup) -> Generator[TileStep, None, Run]:
-    machine, config = setup.machine, setup.config
-    algorithm = FLASH_ALGORITHMS[config.algorithm]
-    yield from algorithm(machine, setup.sched, config.scale, setup.request, write_logsumexp=config.write_logsumexp)
+    machine, config, sched = setup.machine, setup.config, setup.sched
+    profile = KERNEL_PROFILES["simflash"]
+    concurrent = config.schedule == "concurrent"
+    slots = resident_ctas(gpu_spec(config.gpu), profile, config.block_q, config.block_kv, config.d,
+                          storage_dtype(config.dtype).itemsize) if concurrent else 1
+    if machine.hbm.l2 is not None:
+        machine.hbm.l2.flush()
+    yield from run_tiled(machine, config.algorithm, sched, config.scale, setup.request,
+                         write_logsumexp=config.write_logsumexp, slots=slots,
+                         longest_first=concurrent and profile.longest_first)
     return Run(
         out=machine.hbm.inspect("O").reshape(setup.q_shape),
         traffic=machine.hbm.traffic(),
         flops=machine.compute.flops,
-        trace=Trace(setup.request.level, (), attrs.asdict(config)),
+        trace=Trace(setup.request.level, (), _trace_config(config)),
         config=config,
-        on_chip=machine.sram.statistics(),
+        on_chip=machine.on_chip_statistics(),
         logsumexp=machine.hbm.inspect("L").reshape(setup.q_shape[:-1]) if config.write_logsumexp else None,
         events=tuple(machine.log.events) if machine.log is not None else (),
+        flops_by_kind=machine.compute.flops_by_kind(),
+        physical=machine.hbm.l2.traffic() if machine.hbm.l2 is not None else None,
     )
+
+
+def _attributed(gpu: SimulatedGPU, index: tuple[int, ...], body):
+    """Run a CTA's generator with its work attributed to it in the event log, step by step."""
+    while True:
+        with gpu.cta(*index):
+            try:
+                item = next(body)
+            except StopIteration:
+                return
+        yield item
 
 
 def flash_attention(
@@ -161,6 +239,7 @@ def flash_attention(
     variant: str = "fa2", trace: str = "stats", *, trace_heads: Iterable[int] | None = None,
     trace_tiles: Iterable[int] | None = None, write_logsumexp: bool = False,
     gpu: str = DEFAULT_GPU, sram_bytes: int | None = None, record_events: bool = False,
+    schedule: str = "sequential", cache: str | None = None,
 ) -> Run:
     """Tiled attention on the simulated GPU. q: (..., n_q, d); k, v: (..., n_kv, d).
 
@@ -169,12 +248,16 @@ def flash_attention(
     cut short: name the query tiles (`trace_tiles`) and heads (`trace_heads`) to keep.
     sram_bytes defaults to the shared-memory carve-out of `gpu`. record_events keeps every
     transfer, buffer hold and matmul as `run.events` (grows with the number of tiles: small runs).
+    schedule: "sequential" (one CTA after another) or "concurrent" (the CTAs resident on `gpu` in
+    lock-step, in launch order); outputs and the ledger are the same. cache: "cold" or "warm" passes
+    every transfer through `gpu`'s L2 model and reports `run.physical` (DRAM and L2 bytes).
     """
     setup = _flash_setup(
         q, k, v, block_q=block_q, block_kv=block_kv, causal=causal, causal_variant=causal_variant,
         scale=scale, dtype=dtype, variant=variant, trace=trace, trace_heads=trace_heads,
         trace_tiles=trace_tiles, trace_budget=DEFAULT_TRACE_BUDGET_BYTES,
         write_logsumexp=write_logsumexp, gpu=gpu, sram_bytes=sram_bytes, record_events=record_events,
+        schedule=schedule, cache=cache,
     )
     steps, run = _exhaust(_flash_steps(setup))
     return attrs.evolve(run, trace=attrs.evolve(run.trace, steps=tuple(steps)))
@@ -213,13 +296,20 @@ def _exhaust(generator: Generator[TileStep, None, Run]) -> tuple[list[TileStep],
 def naive_attention(
     q, k, v, causal: bool = False, causal_variant: str = "upper_left",
     scale: float | None = None, dtype: str = "float16", *, record_events: bool = False,
+    schedule: str = "sequential", cache: str | None = None, gpu: str = DEFAULT_GPU,
 ) -> Run:
-    """The explicit three-kernel baseline on the simulated GPU: S and P materialised in HBM."""
+    """The explicit three-kernel baseline on the simulated GPU: S and P materialised in HBM.
+
+    cache: "cold" (the L2 flushed before every kernel) or "warm" (once, before the first: the three
+    kernels share it) reports `run.physical`. Each kernel's CTAs (one per head) stream in head order
+    under either schedule.
+    """
     Q, K, V, scale = prepare_inputs(q, k, v, dtype, scale, causal_variant)
+    check_schedule(schedule)
     heads, n_q, d = Q.shape
     n_kv = K.shape[1]
     sched = TileSchedule(n_q, n_kv, n_q, n_kv, causal=bool(causal), causal_variant=causal_variant)
-    machine = SimulatedGPU.build(sram_bytes=0, record_events=record_events)  # naive holds no tiles we model
+    machine, _ = _simulated_gpu(gpu, None, record_events, cache)  # naive holds no tiles we model
     hbm = machine.hbm
     hbm.place("Q", Q, Q.dtype)
     hbm.place("K", K, K.dtype)
@@ -227,13 +317,23 @@ def naive_attention(
     for name in ("S", "P"):  # read back only where stored (read_where), so no poison needed
         hbm.allocate(name, (heads, n_q, n_kv), Q.dtype, poison=False)
     hbm.allocate("O", Q.shape, Q.dtype)
-    naive_forward(machine, sched, scale)
-    config = RunConfig("naive", heads, n_q, n_kv, d, dtype, scale, bool(causal), causal_variant)
+    ctas = naive_grid(sched, heads, Q.dtype.itemsize)
+    for kernel in NAIVE_KERNELS:
+        if hbm.l2 is not None and (cache == "cold" or kernel == NAIVE_KERNELS[0]):
+            hbm.l2.flush()
+        with hbm.kernel(kernel):
+            for _ in run_bodies({cta: (lambda cta=cta, kernel=kernel: _attributed(
+                    machine, cta.index, NAIVE_CTAS[kernel](machine, sched, scale, cta))) for cta in ctas}, 1):
+                pass
+    config = RunConfig("naive", heads, n_q, n_kv, d, dtype, scale, bool(causal), causal_variant, gpu=gpu,
+                       schedule=schedule, cache=cache)
     return Run(
         out=hbm.inspect("O").reshape(np.shape(q)),
         traffic=hbm.traffic(),
         flops=machine.compute.flops,
-        trace=Trace("none", (), attrs.asdict(config)),
+        trace=Trace("none", (), _trace_config(config)),
         config=config,
         events=tuple(machine.log.events) if machine.log is not None else (),
+        flops_by_kind=machine.compute.flops_by_kind(),
+        physical=hbm.l2.traffic() if hbm.l2 is not None else None,
     )

@@ -1,27 +1,29 @@
-"""The grid runner: a kernel's CTAs launched in blockIdx order onto the chip's CTA slots.
+"""The grid runner: a kernel's CTAs launched onto the chip's CTA slots, one step at a time.
 
 Two schedules:
 
-- "sequential": one CTA after another (the order a debugger steps through);
-- "concurrent": as many CTAs resident as the chip has slots, advancing in lock-step, one step each in
-  turn; a slot that frees takes the next CTA in blockIdx order at the next step. This is the order in
-  which the L2 sees the transfers.
+- "sequential": one CTA after another, in the algorithm's natural order (what a debugger steps
+  through, and the order of traces);
+- "concurrent": the CTAs in launch (blockIdx) order, as many resident as the chip has slots,
+  advancing in lock-step, one step each in turn; a slot that frees takes the next CTA at the next
+  step. This is the order in which the L2 sees the transfers.
 
-A step is the work a CTA does between two yields (for FA-2: one KV tile). Within a time step the
-resident CTAs run in *cohorts*: CTAs that started together on the same stream of shared blocks (same
-head, same first KV tile) run back to back, members in blockIdx order. Outputs and the logical ledger
-do not depend on the schedule; only the L2 does.
+A step is the work a CTA does between two yields (for FA-2: one KV tile). A CTA with n steps holds
+its slot for n + 1 time steps: its epilogue (writing O_i) runs on the step after its last tile.
+Within a time step the resident CTAs run in *cohorts*: CTAs that started together on the same stream
+of blocks (same head, same first KV tile) run back to back, members in launch order. Outputs and the
+logical ledger do not depend on the schedule; only what the L2 sees does.
 
-The same runner drives CTAs with values (generators that call hbm.read/hbm.write) and CTAs without
-values (`CTAProgram`s that list their transfers), so a traffic-only run sees exactly the order a run
-with values sees. In a step where no CTA of a cohort has a private transfer, the cohort's identical
-reads of one block are passed to the L2 as one read with a count: back-to-back reads of the same block
-leave an LRU cache in the same state whatever their number.
+The same loop drives CTAs with values (generators calling hbm.read and hbm.write) and CTAs without
+(`CTAProgram`s listing their transfers), so a traffic-only run sees exactly the order a run with
+values sees. In a step where every member of a cohort only streams, the members' identical reads of
+one block reach the L2 as one read with a count: back-to-back reads of a block leave an LRU cache as
+one read does, whatever their number.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from typing import Literal
 
 import attrs
@@ -32,109 +34,113 @@ Schedule = Literal["sequential", "concurrent"]
 SCHEDULES = ("sequential", "concurrent")
 
 
-def check_schedule(schedule: str) -> str:
+def check_schedule(schedule: object) -> str:
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
-    return schedule
+    return str(schedule)
+
+
+@attrs.frozen
+class CTA:
+    """One thread block of a kernel: its index, its steps, and the stream it shares with its cohort."""
+
+    index: tuple[int, ...]  # e.g. (head, query tile)
+    n_steps: int  # steps that stream blocks (FA-2: KV tiles visited)
+    cohort: Hashable  # CTAs with equal keys that start together read the same block at every step
 
 
 @attrs.frozen
 class Access:
-    """One block moved between HBM and a CTA."""
+    """One block moved between HBM and a CTA. The key names the block: (tensor, head, first row)."""
 
-    key: BlockKey  # (tensor, head, block index)
+    key: BlockKey
     nbytes: int
     write: bool = False
 
 
 @attrs.frozen
-class Stream:
-    """The blocks a CTA reads or writes at each step: at step t, block `first + t` of each tensor."""
-
-    head: int
-    first: int
-    tensors: tuple[tuple[str, bool], ...]  # (tensor, write)
-    block_bytes: Callable[[str, int], int] = attrs.field(eq=False)  # (tensor, block) -> bytes
-
-    def accesses(self, step: int) -> Iterator[Access]:
-        for tensor, write in self.tensors:
-            yield Access((tensor, self.head, self.first + step), self.block_bytes(tensor, self.first + step), write)
-
-
-@attrs.frozen
 class CTAProgram:
-    """One CTA's transfers without values: prologue at step 0, the stream's blocks at steps 0..n-1,
-    the epilogue at step n (step 0 when n = 0); the CTA holds its slot for n + 1 steps."""
+    """A CTA's transfers without values: the prologue at step 0, `stream(t)` at steps 0..n-1, the
+    epilogue at step n."""
 
-    index: tuple[int, ...]
-    n_steps: int
-    stream: Stream
+    cta: CTA
+    stream: Callable[[int], tuple[Access, ...]] = attrs.field(eq=False)
     prologue: tuple[Access, ...] = ()
     epilogue: tuple[Access, ...] = ()
 
 
+def block_key(tensor: str, head: int, rows: slice) -> BlockKey:
+    return (tensor, head, rows.start)
+
+
 @attrs.define
 class _Cohort:
-    """CTAs that started at the same step on the same stream; members in blockIdx order."""
-
     start: int
-    members: list = attrs.field(factory=list)  # CTAProgram (traffic-only) or generator (with values)
+    members: list = attrs.field(factory=list)
     next_end: int = 0  # the earliest time step at which a member takes its final step
 
 
-def cohort_key(program: CTAProgram) -> Hashable:
-    return (program.stream.head, program.stream.first, program.stream.tensors)
+def lockstep(ctas: Iterable, slots: int, cta_of: Callable[[object], CTA] = lambda c: c
+             ) -> Iterator[tuple[int, list[tuple[int, list, bool]]]]:
+    """For each time step: (time, [(step, members, only_streaming) per cohort]), where only_streaming
+    says no member starts or ends at this step. slots=1 is the sequential schedule.
 
-
-def run_programs(programs: Iterable[CTAProgram], slots: int, l2: L2Cache) -> int:
-    """Play CTA programs through the L2 in the concurrent schedule (slots=1: sequential).
-
-    Returns the number of time steps the kernel took (its makespan in steps)."""
-    pending = iter(programs)
+    `ctas` in launch order; `cta_of` maps an item to its CTA (items may be programs or bodies)."""
+    pending = iter(ctas)
     cohorts: list[_Cohort] = []
     resident = 0
     time = 0
     while True:
         starting: dict[Hashable, _Cohort] = {}
         while resident < slots:
-            program = next(pending, None)
-            if program is None:
+            item = next(pending, None)
+            if item is None:
                 break
-            cohort = starting.get(cohort_key(program))
+            cta = cta_of(item)
+            cohort = starting.get(cta.cohort)
             if cohort is None:
-                cohort = starting[cohort_key(program)] = _Cohort(time, next_end=time + program.n_steps)
+                cohort = starting[cta.cohort] = _Cohort(time, next_end=time + cta.n_steps)
                 cohorts.append(cohort)
-            cohort.members.append(program)
-            cohort.next_end = min(cohort.next_end, time + program.n_steps)
+            cohort.members.append(item)
+            cohort.next_end = min(cohort.next_end, time + cta.n_steps)
             resident += 1
         if not cohorts:
-            return time
-        for cohort in cohorts:
-            _play_step(cohort, time, l2)
-        for cohort in cohorts:
-            if cohort.next_end == time:
-                before = len(cohort.members)
-                cohort.members = [p for p in cohort.members if cohort.start + p.n_steps > time]
-                resident -= before - len(cohort.members)
-                cohort.next_end = min((cohort.start + p.n_steps for p in cohort.members), default=time)
+            return
+        yield time, [(time - c.start, c.members, c.start < time < c.next_end) for c in cohorts]
+        for c in cohorts:
+            if c.next_end == time:
+                before = len(c.members)
+                c.members = [m for m in c.members if c.start + cta_of(m).n_steps > time]
+                resident -= before - len(c.members)
+                c.next_end = min((c.start + cta_of(m).n_steps for m in c.members), default=time)
         cohorts = [c for c in cohorts if c.members]
         time += 1
 
 
-def _play_step(cohort: _Cohort, time: int, l2: L2Cache) -> None:
-    step = time - cohort.start
-    if step > 0 and time < cohort.next_end:  # every member streams, none has a private transfer
-        for access in cohort.members[0].stream.accesses(step):
+def run_programs(programs: Iterable[CTAProgram], slots: int, l2: L2Cache) -> int:
+    """Play CTA programs through the L2; returns the kernel's makespan in time steps."""
+    steps = 0
+    for time, cohorts in lockstep(programs, slots, lambda p: p.cta):
+        steps = time + 1
+        for step, members, only_streaming in cohorts:
+            _play_step(step, members, only_streaming, l2)
+    return steps
+
+
+def _play_step(step: int, members: list[CTAProgram], only_streaming: bool, l2: L2Cache) -> None:
+    if only_streaming:
+        for access in members[0].stream(step):
             if access.write:
                 l2.write(access.key, access.nbytes)
             else:
-                l2.read(access.key, access.nbytes, count=len(cohort.members))
+                l2.read(access.key, access.nbytes, count=len(members))
         return
-    for program in cohort.members:
-        _play(program.prologue if step == 0 else (), l2)
-        if step < program.n_steps:
-            _play(program.stream.accesses(step), l2)
-        if step == program.n_steps:
+    for program in members:
+        if step == 0:
+            _play(program.prologue, l2)
+        if step < program.cta.n_steps:
+            _play(program.stream(step), l2)
+        if step == program.cta.n_steps:
             _play(program.epilogue, l2)
 
 
@@ -144,3 +150,24 @@ def _play(accesses: Iterable[Access], l2: L2Cache) -> None:
             l2.write(access.key, access.nbytes)
         else:
             l2.read(access.key, access.nbytes)
+
+
+def run_bodies(bodies: Mapping[CTA, Callable[[], Iterator]], slots: int) -> Iterator:
+    """Drive CTAs with values (generators yielding once per step) in the given schedule; re-yields
+    what they yield, except None. Each body must end exactly after its CTA's n_steps + 1 steps."""
+    running: dict[CTA, Iterator] = {}
+    for _, cohorts in lockstep(bodies, slots):
+        for step, members, _ in cohorts:
+            for cta in members:
+                body = running.setdefault(cta, bodies[cta]())
+                try:
+                    item = next(body)
+                except StopIteration:
+                    if step != cta.n_steps:
+                        raise RuntimeError(f"CTA {cta.index} ended at step {step}, expected {cta.n_steps}") from None
+                    del running[cta]
+                    continue
+                if step == cta.n_steps:
+                    raise RuntimeError(f"CTA {cta.index} runs past its {cta.n_steps} steps")
+                if item is not None:
+                    yield item

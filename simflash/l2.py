@@ -34,6 +34,12 @@ class L2Flow:
     dram_read_bytes: int = 0
     dram_write_bytes: int = 0
     dirty_at_end_bytes: int = 0
+    write_bytes: int = 0  # bytes the SMs wrote into the L2 (the logical writes)
+
+    @property
+    def read_bytes(self) -> int:
+        """Bytes the SMs read through the L2 (the logical reads): hits plus misses."""
+        return self.hit_bytes + self.dram_read_bytes
 
     def __add__(self, other: L2Flow) -> L2Flow:
         return L2Flow(*(a + b for a, b in zip(attrs.astuple(self), attrs.astuple(other))))
@@ -88,7 +94,7 @@ class L2Cache:
 
     def write(self, key: BlockKey, nbytes: int) -> None:
         block = self._blocks.get(key)
-        self._flow(key[0])  # the tensor appears in the ledger even when nothing reaches DRAM
+        self._flow(key[0])[4] += nbytes
         if block is None:
             self._insert(key, nbytes, dirty=True, cost=nbytes)
         else:
@@ -113,9 +119,12 @@ class L2Cache:
         return PhysicalTraffic({key: L2Flow(*flow) for key, flow in self._flows.items()})
 
     def _flow(self, tensor: Hashable) -> list[int]:
-        if self.kernel is None:
-            raise RuntimeError(f"L2 access to {tensor!r} outside a kernel")
-        return self._flows.setdefault((self.kernel, str(tensor)), [0, 0, 0, 0])
+        flow = self._flows.get((self.kernel, tensor))  # type: ignore[arg-type]
+        if flow is None:
+            if self.kernel is None:
+                raise RuntimeError(f"L2 access to {tensor!r} outside a kernel")
+            flow = self._flows[self.kernel, str(tensor)] = [0, 0, 0, 0, 0]
+        return flow
 
     def _insert(self, key: BlockKey, nbytes: int, dirty: bool, cost: float) -> None:
         self._blocks[key] = [nbytes, dirty, cost]

@@ -14,6 +14,7 @@ import attrs
 import numpy as np
 
 from simflash.config import KiB, STATE_DTYPE
+from simflash.l2 import L2Cache
 
 LedgerKey = tuple[str, str]  # (kernel, tensor)
 
@@ -118,6 +119,7 @@ class HBM:
     _written: dict[LedgerKey, int] = attrs.field(factory=dict)
     _kernel: str | None = None
     log: EventLog | None = None
+    l2: L2Cache | None = None  # when set, every transfer also passes through this L2
 
     def place(self, name: str, values: np.ndarray, dtype: np.dtype) -> None:
         """Put an input in HBM before any kernel runs (rounded to `dtype`; not kernel traffic)."""
@@ -136,9 +138,13 @@ class HBM:
         self._kernel = name
         if self.log is not None:
             self.log.kernel = name
+        if self.l2 is not None:
+            self.l2.kernel = name
         try:
             yield
         finally:
+            if self.l2 is not None:
+                self.l2.end_kernel()
             self._kernel = None
             if self.log is not None:
                 self.log.kernel = None
@@ -146,36 +152,34 @@ class HBM:
     def read(self, tensor: str, index: tuple = (...,)) -> np.ndarray:
         """Move `tensor[index]` to the chip: counts its bytes, returns a float32 copy."""
         block = self._tensors[tensor][index]
-        self._count(self._read, tensor, block.nbytes)
+        self._count(self._read, tensor, block.nbytes, index)
         return block.astype(STATE_DTYPE)
 
     def write(self, tensor: str, index: tuple, values: np.ndarray | float) -> None:
         """Move `values` from the chip into `tensor[index]`, rounding to the tensor's dtype."""
         target = self._tensors[tensor][index]
         target[...] = values
-        self._count(self._written, tensor, target.nbytes)
+        self._count(self._written, tensor, target.nbytes, index)
 
-    def read_where(self, tensor: str, stored: np.ndarray | None, fill: float) -> np.ndarray:
-        """Read the elements where `stored` is True (None: all); the others come back as `fill`.
-
-        For matrices a kernel stored only in part, such as the permitted triangle of causal S.
-        """
-        values = self._tensors[tensor]
+    def read_where(self, tensor: str, stored: np.ndarray | None, fill: float, index: tuple = (...,)) -> np.ndarray:
+        """Read the elements of `tensor[index]` where `stored` is True (None: all); the others come
+        back as `fill`. For matrices a kernel stored only in part, such as the permitted triangle of causal S."""
+        values = self._tensors[tensor][index]
         if stored is None:
-            self._count(self._read, tensor, values.nbytes)
+            self._count(self._read, tensor, values.nbytes, index)
             return values.astype(STATE_DTYPE)
-        self._count(self._read, tensor, _stored_count(stored, values.shape) * values.itemsize)
+        self._count(self._read, tensor, _stored_count(stored, values.shape) * values.itemsize, index)
         return np.where(stored, values, fill).astype(STATE_DTYPE)
 
-    def write_where(self, tensor: str, values: np.ndarray, stored: np.ndarray | None) -> None:
-        """Write `values` where `stored` is True (None: everywhere); the rest is never stored."""
-        target = self._tensors[tensor]
+    def write_where(self, tensor: str, values: np.ndarray, stored: np.ndarray | None, index: tuple = (...,)) -> None:
+        """Write `values` into `tensor[index]` where `stored` is True (None: everywhere); the rest is never stored."""
+        target = self._tensors[tensor][index]
         if stored is None:
-            self._tensors[tensor] = np.asarray(values).astype(target.dtype)
-            self._count(self._written, tensor, target.nbytes)
+            target[...] = values
+            self._count(self._written, tensor, target.nbytes, index)
             return
         np.copyto(target, values, where=stored, casting="unsafe")
-        self._count(self._written, tensor, _stored_count(stored, target.shape) * target.itemsize)
+        self._count(self._written, tensor, _stored_count(stored, target.shape) * target.itemsize, index)
 
     def shape(self, tensor: str) -> tuple[int, ...]:
         return self._tensors[tensor].shape
@@ -191,13 +195,26 @@ class HBM:
         keys = list(dict.fromkeys([*self._read, *self._written]))
         return Traffic({key: Flow(self._read.get(key, 0), self._written.get(key, 0)) for key in keys})
 
-    def _count(self, counter: dict[LedgerKey, int], tensor: str, nbytes: int) -> None:
+    def _count(self, counter: dict[LedgerKey, int], tensor: str, nbytes: int, index: tuple = (...,)) -> None:
         if self._kernel is None:
             raise RuntimeError(f"HBM transfer of {tensor!r} outside a kernel: wrap it in `with hbm.kernel(name):`")
         key = (self._kernel, tensor)
         counter[key] = counter.get(key, 0) + nbytes
         if self.log is not None:
             self.log.add("read" if counter is self._read else "write", tensor, nbytes, "hbm")
+        if self.l2 is not None:
+            block = _block_key(tensor, index)
+            if counter is self._read:
+                self.l2.read(block, nbytes)
+            else:
+                self.l2.write(block, nbytes)
+
+
+def _block_key(tensor: str, index: tuple) -> tuple:
+    """The L2 block a transfer touches: (tensor, head, first row), as simflash.grid.block_key names it."""
+    head = index[0] if index and isinstance(index[0], (int, np.integer)) else 0
+    rows = index[1] if len(index) > 1 and isinstance(index[1], slice) else slice(0, None)
+    return (tensor, int(head), rows.start or 0)
 
 
 def _stored_count(stored: np.ndarray, shape: tuple[int, ...]) -> int:
@@ -305,10 +322,21 @@ class SRAM:
 
 @attrs.define
 class Compute:
-    """The chip's arithmetic: matrix products, with their FLOPs (2mnk each) counted as they run."""
+    """The chip's arithmetic, counted as it runs: matrix products on the tensor cores (2mnk FLOPs
+    each, `flops`), and the elementwise work beside them: exponentials on the special-function
+    units (`exp_ops`) and other float32 operations (`fp32_flops`: scale, max, sum, rescale, divide)."""
 
     flops: int = 0
+    exp_ops: int = 0
+    fp32_flops: int = 0
     log: EventLog | None = None
+
+    def elementwise(self, exp: int = 0, fp32: int = 0) -> None:
+        self.exp_ops += exp
+        self.fp32_flops += fp32
+
+    def flops_by_kind(self) -> dict[str, int]:
+        return {"tensor": self.flops, "exp": self.exp_ops, "fp32": self.fp32_flops}
 
     def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         product = a @ b
@@ -330,6 +358,7 @@ class SimulatedGPU:
     sram: SRAM
     compute: Compute
     log: EventLog | None = None
+    _cta_srams: list[SRAM] = attrs.field(factory=list)
 
     @classmethod
     def build(cls, sram_bytes: int, record_events: bool = False) -> SimulatedGPU:
@@ -346,3 +375,15 @@ class SimulatedGPU:
         finally:
             if self.log is not None:
                 self.log.cta = ()
+
+    def for_cta(self, index: tuple[int, ...]) -> SimulatedGPU:
+        """The view one CTA runs on: the shared HBM and arithmetic, and its own SRAM (CTAs resident
+        together each hold their tiles). `statistics()` reports the largest CTA's occupancy."""
+        sram = SRAM(self.sram.capacity_bytes, self.log)
+        self._cta_srams.append(sram)
+        return SimulatedGPU(self.hbm, sram, self.compute, self.log)
+
+    def on_chip_statistics(self) -> OnChipStats:
+        """Peak on-chip occupancy of the largest CTA (each CTA has its own shared memory and registers)."""
+        stats = [s.statistics() for s in self._cta_srams] or [self.sram.statistics()]
+        return max(stats, key=lambda s: (s.shared.peak_bytes, s.registers.peak_bytes))

@@ -61,8 +61,12 @@ class TileSchedule:
 
     def kv_tiles(self, i: int) -> list[int]:
         """KV tiles query tile i loads: all of them, or (causal) up to the skip bound."""
+        return list(self.kv_range(i))
+
+    def kv_range(self, i: int) -> range:
+        """`kv_tiles(i)` as a range (no list of T_c entries)."""
         last_col = self.last_visible_col(i)
-        return list(range(last_col // self.block_kv + 1)) if last_col >= 0 else []
+        return range(last_col // self.block_kv + 1) if last_col >= 0 else range(0)
 
     def tile_kind(self, i: int, j: int) -> TileKind:
         if not (0 <= i < self.n_q_tiles and 0 <= j < self.n_kv_tiles):

@@ -9,15 +9,16 @@ mkdir -p "$out"
 log="$out/calibrate_log.txt"
 export PYTHONUNBUFFERED=1
 sf() { python3 -c "from simflash.cli import main; main()" "$@"; }
+export -f sf
 python3 -m pip install -q --no-deps --no-build-isolation -e . >>"$log" 2>&1 || { echo "install failed"; tail "$log"; exit 1; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv | tee -a "$log"
 modes=("$@"); [ $# -eq 0 ] && modes=(cold warm time)
 for mode in "${modes[@]}"; do
   echo "== $(date +%T) $mode" | tee -a "$log"
   if [ "$mode" = time ]; then
-    timeout 280 sf gpu calibrate --cache time --save "$out/calibration_time.json" 2>&1 | tail -5 | tee -a "$log"
+    timeout 280 bash -c 'sf "$@"' sf gpu calibrate --cache time --save "$out/calibration_time.json" 2>&1 | tail -5 | tee -a "$log"
   else
-    timeout 280 sf gpu calibrate --cache "$mode" --raw-csv "$out/calibration_${mode}_ncu.csv" \
+    timeout 280 bash -c 'sf "$@"' sf gpu calibrate --cache "$mode" --raw-csv "$out/calibration_${mode}_ncu.csv" \
       --save "$out/calibration_${mode}.json" 2>&1 | tail -5 | tee -a "$log"
   fi
 done

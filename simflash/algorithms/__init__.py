@@ -1,10 +1,26 @@
-"""The tiled attention algorithms, by variant name. The CLI's choices come from this registry."""
+"""The tiled attention algorithms, by variant name. The CLI's choices come from this registry.
 
-from simflash.algorithms.flash1 import flash1_forward
-from simflash.algorithms.flash2 import flash2_forward
+Each algorithm is the work of one CTA (`cta`), the CTAs of its grid (`grid`) and, where a
+traffic-only run is supported, the same CTA's transfers without values (`program`).
+"""
 
-# Each entry: forward(gpu, sched, scale, trace, write_logsumexp) -> iterator of TileStep.
+from collections.abc import Callable
+
+import attrs
+
+from simflash.algorithms import flash1, flash2
+
+
+@attrs.frozen
+class TiledAlgorithm:
+    kernel: str  # the ledger's kernel name
+    grid: Callable  # (sched, heads, longest_first) -> [CTA] in launch order
+    cta: Callable  # (gpu, sched, scale, trace, cta, write_logsumexp) -> iterator of TileStep | None
+    program: Callable | None = None  # (sched, cta, d, itemsize, write_logsumexp) -> CTAProgram
+    row_state: tuple[str, ...] = ()  # float32 per-row statistics the algorithm keeps in HBM
+
+
 FLASH_ALGORITHMS = {
-    "fa2": flash2_forward,
-    "fa1": flash1_forward,
+    "fa2": TiledAlgorithm(flash2.KERNEL, flash2.flash2_grid, flash2.flash2_cta, flash2.flash2_program),
+    "fa1": TiledAlgorithm(flash1.KERNEL, flash1.flash1_grid, flash1.flash1_cta, row_state=("l", "m")),
 }

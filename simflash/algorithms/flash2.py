@@ -1,78 +1,122 @@
 """FlashAttention-2 forward (Dao 2023, Algorithm 1).
 
-Query tiles outer (one CTA each), KV tiles inner. The accumulator a_i stays unnormalised; the one
-division happens after the last KV tile. Causal: KV tiles past the skip bound are never loaded;
-tiles that straddle the diagonal are masked before the running max and sum see their scores.
+Query tiles outer (one CTA each, "for each i, in parallel"), KV tiles inner. The accumulator a_i
+stays unnormalised; the one division happens after the last KV tile. Causal: KV tiles past the skip
+bound are never loaded; tiles that straddle the diagonal are masked before the running max and sum
+see their scores.
+
+`flash2_cta` is the work of one CTA; the grid runner (simflash.grid) decides which CTAs run when.
+`flash2_program` lists the same CTA's transfers without values, for traffic-only runs.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
-from itertools import product
 
 import numpy as np
 
 from simflash.config import STATE_DTYPE
+from simflash.grid import CTA, Access, CTAProgram, block_key
 from simflash.memory import SimulatedGPU
 from simflash.schedule import TileSchedule
 from simflash.trace import TileStep, TraceRequest
 
+KERNEL = "flash2_forward"
 
-def flash2_forward(
+
+def flash2_grid(sched: TileSchedule, heads: int, longest_first: bool = False) -> list[CTA]:
+    """One CTA per (head, query tile), query tiles fastest. longest_first: blockIdx.x = T_r - 1 - i,
+    as the GPU backend launches them (the longest causal rows start first)."""
+    tiles = range(sched.n_q_tiles - 1, -1, -1) if longest_first else range(sched.n_q_tiles)
+    ctas = []
+    for h in range(heads):
+        for i in tiles:
+            kv = sched.kv_range(i)
+            ctas.append(CTA((h, i), len(kv), (h, kv.start)))
+    return ctas
+
+
+def flash2_cta(
     gpu: SimulatedGPU,
     sched: TileSchedule,
     scale: float,
     trace: TraceRequest,
+    cta: CTA,
     write_logsumexp: bool = False,
-) -> Iterator[TileStep]:
+) -> Iterator[TileStep | None]:
+    """The work of one CTA: query tile i of head h against its KV tiles. Yields after every KV tile."""
     hbm, sram, compute = gpu.hbm, gpu.sram, gpu.compute
-    H, _, d = hbm.shape("Q")
+    h, i = cta.index
+    d = hbm.shape("Q")[-1]
     storage = hbm.inspect("Q").dtype  # P_ij enters the second matmul in the storage dtype
+    rows = sched.q_rows(i)
+    B_r = rows.stop - rows.start
+    recording = trace.records(h, i)
+    Q_i = sram.load("Q_i", hbm, "Q", (h, rows))  # (B_r, d)
+    m_i = sram.state("m_i", (B_r,), -np.inf)  # running row max
+    l_i = sram.state("l_i", (B_r,), 0.0)  # running row sum of exp(S - m)
+    a_i = sram.state("a_i", (B_r, d), 0.0)  # unnormalised output accumulator
 
-    with hbm.kernel("flash2_forward"):
-        for h, i in product(range(H), range(sched.n_q_tiles)):
-            with gpu.cta(h, i):  # one CTA per (head, query tile)
-                rows = sched.q_rows(i)
-                B_r = rows.stop - rows.start
-                recording = trace.records(h, i)
-                Q_i = sram.load("Q_i", hbm, "Q", (h, rows))  # (B_r, d)
-                m_i = sram.state("m_i", (B_r,), -np.inf)  # running row max
-                l_i = sram.state("l_i", (B_r,), 0.0)  # running row sum of exp(S - m)
-                a_i = sram.state("a_i", (B_r, d), 0.0)  # unnormalised output accumulator
+    for j in sched.kv_tiles(i):  # causal: stops at the skip bound
+        cols = sched.kv_cols(j)
+        K_j = sram.load("K_j", hbm, "K", (h, cols))  # (B_c, d)
+        V_j = sram.load("V_j", hbm, "V", (h, cols))  # (B_c, d)
+        sram.alloc("S_ij", (B_r, cols.stop - cols.start), storage)
 
-                for j in sched.kv_tiles(i):  # causal: stops at the skip bound
-                    cols = sched.kv_cols(j)
-                    K_j = sram.load("K_j", hbm, "K", (h, cols))  # (B_c, d)
-                    V_j = sram.load("V_j", hbm, "V", (h, cols))  # (B_c, d)
-                    sram.alloc("S_ij", (B_r, cols.stop - cols.start), storage)
+        # -- scores; mask future keys before the statistics see them
+        S_ij = compute.matmul(Q_i, K_j.T) * scale  # (B_r, B_c)
+        masked = sched.tile_kind(i, j) == "masked"
+        if masked:
+            S_ij = np.where(sched.mask(i, j), S_ij, -np.inf)
 
-                    # -- scores; mask future keys before the statistics see them
-                    S_ij = compute.matmul(Q_i, K_j.T) * scale  # (B_r, B_c)
-                    masked = sched.tile_kind(i, j) == "masked"
-                    if masked:
-                        S_ij = np.where(sched.mask(i, j), S_ij, -np.inf)
+        # -- update m_i and l_i
+        m_new = np.maximum(m_i, S_ij.max(axis=1))  # (B_r,)
+        # A row with no visible key yet keeps m = -inf: use base 0 so exp(-inf) = 0, not NaN.
+        m_base = np.where(m_new == -np.inf, 0.0, m_new)  # (B_r,)
+        alpha = np.exp(m_i - m_base)  # (B_r,) moves the old state onto the new max
+        P_ij = np.exp(S_ij - m_base[:, None])  # (B_r, B_c)
+        l_i = alpha * l_i + P_ij.sum(axis=1)  # (B_r,)
+        compute.elementwise(exp=P_ij.size + B_r, fp32=5 * P_ij.size + B_r * d)
 
-                    # -- update m_i and l_i
-                    m_new = np.maximum(m_i, S_ij.max(axis=1))  # (B_r,)
-                    # A row with no visible key yet keeps m = -inf: use base 0 so exp(-inf) = 0, not NaN.
-                    m_base = np.where(m_new == -np.inf, 0.0, m_new)  # (B_r,)
-                    alpha = np.exp(m_i - m_base)  # (B_r,) moves the old state onto the new max
-                    P_ij = np.exp(S_ij - m_base[:, None])  # (B_r, B_c)
-                    l_i = alpha * l_i + P_ij.sum(axis=1)  # (B_r,)
+        # -- update the accumulator (P_ij rounded to the storage dtype, as tensor cores take it)
+        P_ij = P_ij.astype(storage).astype(STATE_DTYPE)
+        a_i = alpha[:, None] * a_i + compute.matmul(P_ij, V_j)  # (B_r, d)
+        m_i = m_new
+        sram.free("K_j", "V_j", "S_ij")
+        yield trace.step(h, i, j, rows.start, masked, m_i, alpha, l_i, a_i) if recording else None
 
-                    # -- update the accumulator (P_ij rounded to the storage dtype, as tensor cores take it)
-                    P_ij = P_ij.astype(storage).astype(STATE_DTYPE)
-                    a_i = alpha[:, None] * a_i + compute.matmul(P_ij, V_j)  # (B_r, d)
-                    m_i = m_new
-                    sram.free("K_j", "V_j", "S_ij")
-                    if recording:
-                        yield trace.step(h, i, j, rows.start, masked, m_i, alpha, l_i, a_i)
+    # -- normalise once; a row that saw no key outputs 0
+    O_i = np.divide(a_i, l_i[:, None], out=np.zeros_like(a_i), where=l_i[:, None] > 0)
+    compute.elementwise(fp32=B_r * d)
+    sram.store(hbm, "O", (h, rows), O_i)
+    if write_logsumexp:
+        L_i = np.full(B_r, -np.inf, dtype=STATE_DTYPE)  # (B_r,) logsumexp, for a backward pass
+        np.log(l_i, out=L_i, where=l_i > 0)
+        sram.store(hbm, "L", (h, rows), L_i + m_i)
+    sram.free("Q_i", "m_i", "l_i", "a_i")
 
-                # -- normalise once; a row that saw no key outputs 0
-                O_i = np.divide(a_i, l_i[:, None], out=np.zeros_like(a_i), where=l_i[:, None] > 0)
-                sram.store(hbm, "O", (h, rows), O_i)
-                if write_logsumexp:
-                    L_i = np.full(B_r, -np.inf, dtype=STATE_DTYPE)  # (B_r,) logsumexp, for a backward pass
-                    np.log(l_i, out=L_i, where=l_i > 0)
-                    sram.store(hbm, "L", (h, rows), L_i + m_i)
-                sram.free("Q_i", "m_i", "l_i", "a_i")
+
+def flash2_program(sched: TileSchedule, cta: CTA, d: int, itemsize: int, write_logsumexp: bool = False) -> CTAProgram:
+    """The transfers of `flash2_cta` for the same CTA, without values (same blocks, same order)."""
+    h, i = cta.index
+    rows = sched.q_rows(i)
+    first = sched.kv_range(i).start
+    kv_blocks = _kv_blocks(sched, h, d * itemsize)
+    row_bytes = d * itemsize
+    tile_bytes = (rows.stop - rows.start) * row_bytes
+    epilogue = (Access(block_key("O", h, rows), tile_bytes, write=True),)
+    if write_logsumexp:
+        epilogue += (Access(block_key("L", h, rows), (rows.stop - rows.start) * STATE_DTYPE.itemsize, write=True),)
+    return CTAProgram(cta, lambda step: kv_blocks[first + step], (Access(block_key("Q", h, rows), tile_bytes),), epilogue)
+
+
+@functools.lru_cache(maxsize=4)
+def _kv_blocks(sched: TileSchedule, h: int, row_bytes: int) -> tuple[tuple[Access, Access], ...]:
+    """(K_j, V_j) of head h for every KV tile j: built once per head, shared by its CTAs' programs."""
+    blocks = []
+    for j in range(sched.n_kv_tiles):
+        cols = sched.kv_cols(j)
+        nbytes = (cols.stop - cols.start) * row_bytes
+        blocks.append((Access(block_key("K", h, cols), nbytes), Access(block_key("V", h, cols), nbytes)))
+    return tuple(blocks)

@@ -4,40 +4,114 @@
     kernel 2 (softmax): P = softmax(S)         reads S        writes P   (N x N, storage dtype)
     kernel 3 (GEMM):    O = P V                reads P, V     writes O
 
-Causal: kernels store and load only the permitted entries of S and P (the lower triangle); the
-others are never stored, and the softmax treats them as -inf.
+Each kernel's work is split into one CTA per head that streams its rows in blocks of `block_rows`
+(a block of S about NAIVE_BLOCK_BYTES), reading each operand once, as the logical model counts it:
+the order in which an L2 sees S and P go by. (cuBLAS and a softmax tile the work differently; what the
+L2 sees of it is a stream of rows, head after head.) Causal: kernels store and load only the permitted
+entries of S and P (the lower triangle); the others are never stored, and the softmax treats them as -inf.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 
+from simflash.config import KiB
+from simflash.grid import CTA, Access, CTAProgram, block_key
 from simflash.memory import SimulatedGPU
 from simflash.schedule import TileSchedule
 
+KERNELS = ("gemm_qk", "softmax", "gemm_pv")
+NAIVE_BLOCK_BYTES = 256 * KiB  # rows of S streamed per step
 
-def naive_forward(gpu: SimulatedGPU, sched: TileSchedule, scale: float) -> None:
+
+def block_rows(n_kv: int, itemsize: int) -> int:
+    return max(1, NAIVE_BLOCK_BYTES // (n_kv * itemsize))
+
+
+def naive_grid(sched: TileSchedule, heads: int, itemsize: int) -> list[CTA]:
+    """One CTA per head, one step per block of rows (the same grid for all three kernels)."""
+    steps = -(-sched.n_q // block_rows(sched.n_kv, itemsize))
+    return [CTA((h,), steps, (h,)) for h in range(heads)]
+
+
+def _row_blocks(sched: TileSchedule, itemsize: int) -> list[slice]:
+    rows = block_rows(sched.n_kv, itemsize)
+    return [slice(r, min(r + rows, sched.n_q)) for r in range(0, sched.n_q, rows)]
+
+
+def gemm_qk_cta(gpu: SimulatedGPU, sched: TileSchedule, scale: float, cta: CTA) -> Iterator[None]:
     hbm, compute = gpu.hbm, gpu.compute
-    # The whole (n_q, n_kv) schedule as one tile: True where query row r may see key c.
-    permitted = sched.mask(0, 0) if sched.causal else None  # (n_q, n_kv) or None: all stored
+    (h,) = cta.index
+    permitted = sched.mask(0, 0) if sched.causal else None  # (n_q, n_kv): True where row r may see key c
+    K = hbm.read("K", (h,))  # (n_kv, d)
+    for rows in _row_blocks(sched, hbm.itemsize("S")):
+        Q_r = hbm.read("Q", (h, rows))  # (rows, d)
+        S_r = compute.matmul(Q_r, K.T) * scale  # (rows, n_kv)
+        hbm.write_where("S", S_r, None if permitted is None else permitted[rows], index=(h, rows))
+        yield None
 
-    with hbm.kernel("gemm_qk"):
-        Q = hbm.read("Q")  # (H, n_q, d)
-        K = hbm.read("K")  # (H, n_kv, d)
-        S = compute.matmul(Q, K.swapaxes(-1, -2)) * scale  # (H, n_q, n_kv)
-        hbm.write_where("S", S, permitted)
 
-    with hbm.kernel("softmax"):
-        S = hbm.read_where("S", permitted, fill=-np.inf)  # (H, n_q, n_kv)
-        m = S.max(axis=-1, keepdims=True)  # (H, n_q, 1)
+def softmax_cta(gpu: SimulatedGPU, sched: TileSchedule, scale: float, cta: CTA) -> Iterator[None]:
+    hbm, compute = gpu.hbm, gpu.compute
+    (h,) = cta.index
+    permitted = sched.mask(0, 0) if sched.causal else None
+    for rows in _row_blocks(sched, hbm.itemsize("S")):
+        stored = None if permitted is None else permitted[rows]
+        S_r = hbm.read_where("S", stored, fill=-np.inf, index=(h, rows))  # (rows, n_kv)
+        m = S_r.max(axis=-1, keepdims=True)  # (rows, 1)
         # A row with no visible key has m = -inf: exponentiate against 0 so exp(-inf) = 0, not NaN.
-        P = np.exp(S - np.where(m == -np.inf, 0.0, m))  # (H, n_q, n_kv)
-        l = P.sum(axis=-1, keepdims=True)  # noqa: E741  (H, n_q, 1)
-        P /= np.where(l > 0, l, 1.0)  # such a row is all zeros: divide by 1 to keep it so
-        hbm.write_where("P", P, permitted)
+        P_r = np.exp(S_r - np.where(m == -np.inf, 0.0, m))  # (rows, n_kv)
+        l = P_r.sum(axis=-1, keepdims=True)  # noqa: E741  (rows, 1)
+        P_r /= np.where(l > 0, l, 1.0)  # such a row is all zeros: divide by 1 to keep it so
+        compute.elementwise(exp=P_r.size, fp32=4 * P_r.size)
+        hbm.write_where("P", P_r, stored, index=(h, rows))
+        yield None
 
-    with hbm.kernel("gemm_pv"):
-        P = hbm.read_where("P", permitted, fill=0.0)  # (H, n_q, n_kv)
-        V = hbm.read("V")  # (H, n_kv, d)
-        O = compute.matmul(P, V)  # (H, n_q, d)
-        hbm.write("O", (...,), O)
+
+def gemm_pv_cta(gpu: SimulatedGPU, sched: TileSchedule, scale: float, cta: CTA) -> Iterator[None]:
+    hbm, compute = gpu.hbm, gpu.compute
+    (h,) = cta.index
+    permitted = sched.mask(0, 0) if sched.causal else None
+    V = hbm.read("V", (h,))  # (n_kv, d)
+    for rows in _row_blocks(sched, hbm.itemsize("P")):
+        P_r = hbm.read_where("P", None if permitted is None else permitted[rows], fill=0.0, index=(h, rows))
+        hbm.write("O", (h, rows), compute.matmul(P_r, V))  # (rows, d)
+        yield None
+
+
+NAIVE_CTAS = {"gemm_qk": gemm_qk_cta, "softmax": softmax_cta, "gemm_pv": gemm_pv_cta}
+
+
+def naive_program(kernel: str, sched: TileSchedule, cta: CTA, d: int, itemsize: int) -> CTAProgram:
+    """The transfers of kernel `kernel`'s CTA without values (same blocks, same order)."""
+    (h,) = cta.index
+    blocks = _row_blocks(sched, itemsize)
+    row_entries = stored_per_row(sched)
+
+    def score_bytes(rows: slice) -> int:
+        return int(row_entries[rows].sum()) * itemsize
+
+    def rows_bytes(rows: slice) -> int:
+        return (rows.stop - rows.start) * d * itemsize
+
+    whole = slice(0, None)
+    if kernel == "gemm_qk":
+        return CTAProgram(cta, lambda t: (Access(block_key("Q", h, blocks[t]), rows_bytes(blocks[t])),
+                                          Access(block_key("S", h, blocks[t]), score_bytes(blocks[t]), True)),
+                          prologue=(Access(block_key("K", h, whole), sched.n_kv * d * itemsize),))
+    if kernel == "softmax":
+        return CTAProgram(cta, lambda t: (Access(block_key("S", h, blocks[t]), score_bytes(blocks[t])),
+                                          Access(block_key("P", h, blocks[t]), score_bytes(blocks[t]), True)))
+    return CTAProgram(cta, lambda t: (Access(block_key("P", h, blocks[t]), score_bytes(blocks[t])),
+                                      Access(block_key("O", h, blocks[t]), rows_bytes(blocks[t]), True)),
+                      prologue=(Access(block_key("V", h, whole), sched.n_kv * d * itemsize),))
+
+
+def stored_per_row(sched: TileSchedule) -> np.ndarray:
+    """Entries of S (and P) each query row stores: all n_kv, or (causal) the visible ones."""
+    if not sched.causal:
+        return np.full(sched.n_q, sched.n_kv, dtype=np.int64)
+    last = np.arange(sched.n_q) + sched.diagonal_offset  # the last key each row sees
+    return np.clip(last + 1, 0, sched.n_kv)

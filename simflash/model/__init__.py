@@ -1,5 +1,6 @@
 """Closed-form models and analysis: traffic, roofline, Amdahl, latency attribution, footprint, sweeps."""
 
+from simflash.model import physical
 from simflash.model.amdahl import amdahl, attention_flop_share, project, sensitivity
 from simflash.model.footprint import fused_footprints, intermediate_footprints, short_sequence
 from simflash.model.report import attribute, load_scenario, parse_scenario, render_report

@@ -1,0 +1,64 @@
+"""The whole chip a kernel runs on: how many CTAs are resident at once, and its L2.
+
+A kernel implementation is described by what the occupancy rules need (threads, registers, shared
+memory per CTA) and the order it launches its query tiles in. Two FA-2 implementations are known:
+simflash's own CUDA kernel (backends/flash2_forward.cu) and FlashAttention-2 as PyTorch SDPA ships it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+
+from simflash.config import GPUSpec
+from simflash.l2 import L2Cache
+from simflash.occupancy import occupancy
+
+
+@attrs.frozen
+class KernelProfile:
+    """One FA-2 kernel implementation, as the occupancy rules and the L2 see it."""
+
+    name: str
+    threads: Callable[[int, int, int], int]  # (block_q, block_kv, d) -> threads per CTA
+    registers: Callable[[int], int]  # d -> registers per thread
+    shared_bytes: Callable[[int, int, int, int], int]  # (block_q, block_kv, d, itemsize) -> per CTA
+    longest_first: bool  # blockIdx.x = T_r - 1 - i (longest causal rows first)
+    tiles: Callable[[int], tuple[int, int]]  # d -> the (block_q, block_kv) it uses by default
+
+
+KERNEL_PROFILES = {
+    # backends/flash2_forward.cu: one warp per 16 query rows; Q_i and double-buffered K_j, V_j in
+    # shared memory; registers as the compiler gave them (`simflash gpu info` on the H200).
+    "simflash": KernelProfile(
+        "simflash", threads=lambda bq, bkv, d: bq // 16 * 32, registers=lambda d: 228 if d > 64 else 128,
+        shared_bytes=lambda bq, bkv, d, b: (bq + 4 * bkv) * d * b, longest_first=True, tiles=lambda d: (128, 64)),
+    # FlashAttention-2 in PyTorch (Flash_fwd_kernel_traits<d, 128, 64 or 128, 4 warps>, as ncu names the
+    # kernel): Q_i, K_j and V_j in shared memory, 255 registers; query tiles in ascending order.
+    "sdpa_flash": KernelProfile(
+        "sdpa_flash", threads=lambda bq, bkv, d: 128, registers=lambda d: 255,
+        shared_bytes=lambda bq, bkv, d, b: (bq + 2 * bkv) * d * b, longest_first=False,
+        tiles=lambda d: (128, 64) if d > 64 else (128, 128)),
+}
+
+
+def kernel_profile(name: str) -> KernelProfile:
+    try:
+        return KERNEL_PROFILES[name]
+    except KeyError:
+        raise ValueError(f"kernel must be one of {sorted(KERNEL_PROFILES)}, got {name!r}") from None
+
+
+def resident_ctas(gpu: GPUSpec, profile: KernelProfile, block_q: int, block_kv: int, d: int, itemsize: int) -> int:
+    """CTA slots on the whole chip for this kernel and tile configuration."""
+    occ = occupancy(gpu, profile.threads(block_q, block_kv, d), profile.registers(d),
+                    profile.shared_bytes(block_q, block_kv, d, itemsize))
+    return occ.cta_slots_per_sm * gpu.sm_count
+
+
+def l2_cache(gpu: GPUSpec) -> L2Cache:
+    """The L2 one kernel's stream sees: the fitted effective capacity and read-fill weight where the
+    machine file has them, the nameplate size (plain LRU) otherwise."""
+    capacity = gpu.calibration.get("l2_effective_bytes", gpu.l2_bytes)
+    return L2Cache(int(capacity), gpu.calibration.get("l2_read_fill_weight", 1.0))

@@ -1,0 +1,114 @@
+"""How well the whole-chip model predicts Nsight Compute: fit on part of the sweep, judge on the rest.
+
+The sweep (`simflash gpu calibrate`, results in benchmarks/gpu/calibration_{cold,warm,time}.json)
+measured every kernel of the naive path, simflash's FA-2 kernel and PyTorch SDPA's FA-2 kernel. Each
+configuration is assigned once and for all to the fit set (every third configuration of the sweep, in
+its order) or to the held-out set (the rest, which no fitted figure has seen). A kernel row passes when
+the predicted DRAM bytes are within 10% (or 1 MiB, whichever is larger) of the measured ones.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import attrs
+import numpy as np
+
+from simflash.config import MiB, GPUSpec
+from simflash.model.physical import predict
+
+FIT_EVERY = 3  # configuration k of the sweep is in the fit set when k % FIT_EVERY == 0
+KERNEL_OF = {"fa2": "simflash", "sdpa_flash": "sdpa_flash", "naive": "simflash"}
+
+
+def within(predicted: float, measured: float, rel: float = 0.10, abs_bytes: float = MiB) -> bool:
+    return abs(predicted - measured) <= max(rel * measured, abs_bytes)
+
+
+@attrs.frozen
+class Comparison:
+    """One kernel of one measured configuration, predicted and measured."""
+
+    index: int  # the configuration's position in the sweep
+    held_out: bool
+    cache: str
+    implementation: str  # naive, fa2 (simflash's kernel) or sdpa_flash
+    config: dict
+    kernel: str
+    predicted: dict  # dram_read_bytes, dram_write_bytes, time_s
+    measured: dict
+
+    def error(self, key: str) -> float:
+        return (self.predicted[key] - self.measured[key]) / max(self.measured[key], 1)
+
+    def ok(self, key: str) -> bool:
+        return within(self.predicted[key], self.measured[key])
+
+
+def load(path: Path) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def compare(measurement: dict, gpu: GPUSpec | str = "H200", times: dict | None = None,
+            implementations: Iterable[str] = ("naive", "fa2", "sdpa_flash")) -> Iterator[Comparison]:
+    """Predict every configuration of one calibration file and pair each kernel with its measurement.
+
+    times: the calibration_time.json result, whose CUDA-event times replace ncu's for the FA-2 rows."""
+    cache = measurement["cache"]
+    timed = {json.dumps(t["config"], sort_keys=True): t["time_s"] for t in (times or {}).get("configs", [])}
+    for index, entry in enumerate(measurement["configs"]):
+        c = entry["config"]
+        if c["algorithm"] not in implementations:
+            continue
+        algorithm = "naive" if c["algorithm"] == "naive" else "fa2"
+        prediction = predict(algorithm, c["n"], c["d"], heads=c["heads"], causal=c["causal"], gpu=gpu, cache=cache,
+                             kernel=KERNEL_OF[c["algorithm"]])
+        for row in entry["kernels"]:
+            kernel = prediction.kernel(row["kernel"])
+            measured_time = timed.get(json.dumps(c, sort_keys=True), row["time_s"]) if algorithm == "fa2" else row["time_s"]
+            yield Comparison(
+                index, index % FIT_EVERY != 0, cache, c["algorithm"], c, row["kernel"],
+                {"dram_read_bytes": kernel.dram_read_bytes, "dram_write_bytes": kernel.dram_write_bytes,
+                 "time_s": kernel.time_s},
+                {"dram_read_bytes": row["dram_read_bytes"], "dram_write_bytes": row["dram_write_bytes"],
+                 "time_s": measured_time},
+            )
+
+
+def summary(comparisons: list[Comparison]) -> dict:
+    """Pass rates and error distributions, by set (fit, held-out), cache mode and implementation."""
+    groups: dict[tuple[str, str, str], list[Comparison]] = {}
+    for c in comparisons:
+        groups.setdefault(("held-out" if c.held_out else "fit", c.cache, c.implementation), []).append(c)
+    out = []
+    for (subset, cache, implementation), rows in sorted(groups.items()):
+        entry = {"set": subset, "cache": cache, "implementation": implementation, "kernel_rows": len(rows)}
+        for key in ("dram_read_bytes", "dram_write_bytes", "time_s"):
+            errors = np.array([abs(r.error(key)) for r in rows])
+            worst = max(rows, key=lambda r: abs(r.error(key)))
+            entry[key] = {
+                "within_10pct_or_1MiB": float(np.mean([r.ok(key) for r in rows])) if key != "time_s" else None,
+                "within_15pct": float(np.mean(errors <= 0.15)),
+                "median_abs_error": float(np.median(errors)),
+                "p90_abs_error": float(np.quantile(errors, 0.9)),
+                "worst": {"error": worst.error(key), "kernel": worst.kernel, "config": worst.config,
+                          "predicted": worst.predicted[key], "measured": worst.measured[key]},
+            }
+        out.append(entry)
+    return {"fit_every": FIT_EVERY, "groups": out}
+
+
+def validate(folder: Path, gpu: GPUSpec | str = "H200") -> dict:
+    """Every kernel row of the committed sweep in `folder`, predicted and compared; with the summary."""
+    folder = Path(folder)
+    times = load(folder / "calibration_time.json")
+    rows = [c for name in ("calibration_cold.json", "calibration_warm.json")
+            for c in compare(load(folder / name), gpu, times)]
+    return {
+        "summary": summary(rows),
+        "rows": [{"index": r.index, "held_out": r.held_out, "cache": r.cache, "implementation": r.implementation,
+                  "config": r.config, "kernel": r.kernel, "predicted": r.predicted, "measured": r.measured}
+                 for r in rows],
+    }

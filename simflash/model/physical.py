@@ -1,0 +1,161 @@
+"""Physical traffic and time, predicted: the logical transfers played through the whole chip.
+
+A traffic-only run: each kernel's CTAs (simflash.algorithms) as programs without values, launched
+onto the chip's CTA slots in lock-step (simflash.grid), every transfer through the L2 model
+(simflash.l2), cold (flushed before every kernel) or warm (flushed once before the first). Per kernel:
+logical bytes, L2 hits, DRAM reads and writes, dirty bytes left in the L2, and a predicted time.
+
+Time, per kernel: the larger of
+- compute: the makespan of the lock-step schedule (in tile steps: waves, and the causal imbalance
+  between CTAs) times one step of one CTA while `k` CTAs share an SM: k x (tensor-core FLOPs at the
+  kernel's achieved fraction of peak + exponentials on the special-function units + other FP32 work);
+- DRAM: predicted DRAM bytes over the achieved HBM bandwidth;
+- L2: logical bytes over the L2 bandwidth.
+The naive path's GEMMs and softmax are library kernels with their own CTAs: their compute term is
+their FLOPs at the GEMM's achieved fraction of peak. Fitted figures live in the machine file's
+[calibration] table (`simflash physical --validate` says how well they hold on unseen configurations).
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from simflash.algorithms import FLASH_ALGORITHMS
+from simflash.algorithms.naive import KERNELS as NAIVE_KERNELS
+from simflash.algorithms.naive import naive_grid, naive_program, stored_per_row
+from simflash.chip import kernel_profile, l2_cache, resident_ctas
+from simflash.config import GPUSpec, check_causal_variant, check_positive_int, gpu_spec, storage_dtype
+from simflash.grid import run_programs
+from simflash.l2 import L2Cache
+from simflash.schedule import TileSchedule
+
+ALGORITHMS = ("naive", "fa2")
+CACHE_MODES = ("cold", "warm")
+LAUNCH_SECONDS = 3e-6  # a kernel launch's fixed cost on the GPU side
+
+
+@attrs.frozen
+class KernelPrediction:
+    kernel: str
+    logical_read_bytes: int
+    logical_write_bytes: int
+    l2_hit_bytes: int
+    dram_read_bytes: int
+    dram_write_bytes: int
+    dirty_at_end_bytes: int  # still in the L2 when the kernel ends: not DRAM traffic of this kernel
+    time_s: float
+    bound: str  # which term set the time: "compute", "dram" or "l2"
+    ctas: int
+    resident_ctas: int
+    makespan_steps: int  # time steps of the lock-step schedule (compute term's multiplier)
+
+    def to_dict(self) -> dict:
+        return attrs.asdict(self)
+
+
+@attrs.frozen
+class PhysicalPrediction:
+    config: dict
+    kernels: tuple[KernelPrediction, ...]
+
+    def kernel(self, name: str) -> KernelPrediction:
+        return next(k for k in self.kernels if k.kernel == name)
+
+    def to_dict(self) -> dict:
+        return {"config": self.config, "kernels": [k.to_dict() for k in self.kernels]}
+
+
+def predict(
+    algorithm: str = "fa2", n: int = 4096, d: int = 128, *, n_kv: int | None = None, heads: int = 1,
+    causal: bool = False, causal_variant: str = "upper_left", dtype: str = "float16",
+    block_q: int | None = None, block_kv: int | None = None, gpu: str | GPUSpec = "H200",
+    cache: str = "cold", kernel: str = "simflash",
+) -> PhysicalPrediction:
+    """Predict DRAM bytes and time of each kernel of `algorithm` on `gpu`, without values.
+
+    kernel names the FA-2 implementation whose occupancy and launch order are modelled: "simflash"
+    (the GPU backend's kernel) or "sdpa_flash" (FlashAttention-2 in PyTorch); its default tiles
+    unless block_q/block_kv are given."""
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    if cache not in CACHE_MODES:
+        raise ValueError(f"cache must be one of {CACHE_MODES}, got {cache!r}")
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal must be a bool, got {causal!r}")
+    for name, value in (("n", n), ("d", d), ("heads", heads)):
+        check_positive_int(name, value)
+    n_kv = n if n_kv is None else check_positive_int("n_kv", n_kv)
+    check_causal_variant(causal_variant)
+    spec = gpu if isinstance(gpu, GPUSpec) else gpu_spec(gpu)
+    itemsize = storage_dtype(dtype).itemsize
+    profile = kernel_profile(kernel)
+    default_q, default_kv = profile.tiles(d)
+    block_q = default_q if block_q is None else check_positive_int("block_q", block_q)
+    block_kv = default_kv if block_kv is None else check_positive_int("block_kv", block_kv)
+    config = {"algorithm": algorithm, "n": n, "n_kv": n_kv, "d": d, "heads": heads, "causal": causal,
+              "causal_variant": causal_variant, "dtype": dtype, "gpu": spec.name, "cache": cache}
+    l2 = l2_cache(spec)
+    if algorithm == "naive":
+        return PhysicalPrediction(config, _naive(spec, l2, n, n_kv, d, heads, causal, causal_variant, itemsize, cache))
+    config.update(kernel=kernel, block_q=block_q, block_kv=block_kv)
+    sched = TileSchedule(n, n_kv, block_q, block_kv, causal=causal, causal_variant=causal_variant)
+    fa2 = FLASH_ALGORITHMS["fa2"]
+    ctas = fa2.grid(sched, heads, longest_first=profile.longest_first)
+    slots = resident_ctas(spec, profile, block_q, block_kv, d, itemsize)
+    l2.kernel = fa2.kernel
+    steps = run_programs((fa2.program(sched, cta, d, itemsize) for cta in ctas), slots, l2)
+    l2.end_kernel()
+    flow = l2.traffic().by_kernel[fa2.kernel]
+    per_step = _flash_step_seconds(spec, kernel, block_q, block_kv, d, slots // spec.sm_count)
+    return PhysicalPrediction(config, (_prediction(spec, fa2.kernel, flow, steps * per_step, len(ctas), slots, steps),))
+
+
+def _naive(spec, l2: L2Cache, n, n_kv, d, heads, causal, causal_variant, itemsize, cache):
+    sched = TileSchedule(n, n_kv, n, n_kv, causal=causal, causal_variant=causal_variant)
+    ctas = naive_grid(sched, heads, itemsize)
+    stored = int(stored_per_row(sched).sum()) * heads
+    flops = {"gemm_qk": 2 * stored * d, "softmax": 0, "gemm_pv": 2 * stored * d}
+    predictions = []
+    for kernel in NAIVE_KERNELS:
+        if cache == "cold" or kernel == NAIVE_KERNELS[0]:
+            l2.flush()
+        l2.kernel = kernel
+        steps = run_programs((naive_program(kernel, sched, cta, d, itemsize) for cta in ctas), 1, l2)
+        l2.end_kernel()
+        flow = l2.traffic().by_kernel[kernel]
+        efficiency = spec.calibration.get("tensor_efficiency_gemm", 1.0)
+        compute = flops[kernel] / (efficiency * spec.peak_flops.get("float16")) + (
+            stored / spec.sfu_ops_per_s if kernel == "softmax" else 0.0)
+        predictions.append(_prediction(spec, kernel, flow, compute, heads, 1, steps))
+    return tuple(predictions)
+
+
+def _flash_step_seconds(spec: GPUSpec, kernel: str, block_q: int, block_kv: int, d: int, ctas_per_sm: int) -> float:
+    """One KV tile of one CTA while `ctas_per_sm` CTAs share the SM: matmuls, exponentials, FP32 work."""
+    efficiency = spec.calibration.get(f"tensor_efficiency_{kernel}", 1.0)
+    scores = block_q * block_kv
+    tensor = 4 * scores * d / (efficiency * spec.peak_flops["float16"] / spec.sm_count)
+    exp = (scores + block_q) / (spec.sfu_ops_per_s / spec.sm_count)
+    fp32 = (4 * scores + block_q * d) / (spec.fp32_flops_per_s / spec.sm_count)
+    return ctas_per_sm * (tensor + exp + fp32)
+
+
+def dram_seconds(nbytes: int, bytes_per_s: float) -> float:
+    """Time to move `nbytes` through DRAM at `bytes_per_s`: the time model's DRAM term."""
+    return nbytes / bytes_per_s
+
+
+def _prediction(spec: GPUSpec, kernel: str, flow, compute_s: float, ctas: int, slots: int, steps: int) -> KernelPrediction:
+    hbm = spec.hbm_bytes_per_s * spec.calibration.get("hbm_efficiency", 1.0)
+    terms = {
+        "compute": compute_s,
+        "dram": dram_seconds(flow.dram_read_bytes + flow.dram_write_bytes, hbm),
+        "l2": (flow.read_bytes + flow.write_bytes) / spec.l2_bytes_per_s,
+    }
+    bound = max(terms, key=terms.__getitem__)
+    return KernelPrediction(
+        kernel=kernel, logical_read_bytes=flow.read_bytes, logical_write_bytes=flow.write_bytes,
+        l2_hit_bytes=flow.hit_bytes, dram_read_bytes=flow.dram_read_bytes, dram_write_bytes=flow.dram_write_bytes,
+        dirty_at_end_bytes=flow.dirty_at_end_bytes, time_s=terms[bound] + LAUNCH_SECONDS, bound=bound,
+        ctas=ctas, resident_ctas=slots, makespan_steps=steps,
+    )
