@@ -1,8 +1,9 @@
 """Pictures (matplotlib, drawn off-screen with Agg): the tile map, the online-softmax statistics of
-chosen rows across KV tiles, and cumulative HBM bytes by tensor over a run. PNG or SVG by suffix.
+chosen rows across KV tiles, cumulative HBM bytes by tensor over a run, and logical against physical
+(L2, DRAM) bytes per kernel and against N. PNG or SVG by suffix.
 
-Each picture has a data function beside it (`row_statistics`, `cumulative_hbm_bytes`) so that what
-is drawn can be checked without looking at pixels.
+Each picture has a data function beside it (`row_statistics`, `cumulative_hbm_bytes`, `physical_bars`,
+`dram_vs_n`) so that what is drawn can be checked without looking at pixels.
 """
 
 from __future__ import annotations
@@ -166,3 +167,142 @@ def traffic_over_run(runs: Mapping[str, Sequence[MemoryEvent]], path: str | Path
     if title:
         figure.suptitle(title, fontsize=10)
     return _save(figure, path)
+
+
+# -- logical against physical traffic (the whole-chip model: simflash.model.physical) ------------------
+
+PHYSICAL_BARS = {  # label -> (colour, hatch)
+    "logical read": ("#4c72b0", ""), "logical write": ("#8172b3", ""), "L2 hits": ("#55a868", ""),
+    "DRAM read": ("#c44e52", ""), "DRAM write": ("#dd8452", ""),
+    "DRAM read (measured)": ("#c44e52", "//"), "DRAM write (measured)": ("#dd8452", "//"),
+}
+DRAM_VS_N_NAIVE = tuple(2 ** k for k in range(8, 15))  # 256 .. 16384, one head
+DRAM_VS_N_FA2 = tuple(2 ** k for k in range(10, 18))  # 1024 .. 131072
+DRAM_VS_N_FA2_HEADS = (1, 32)
+
+
+def _kernel_dicts(prediction) -> list[dict]:
+    return prediction.to_dict()["kernels"] if hasattr(prediction, "to_dict") else list(prediction["kernels"])
+
+
+def physical_bars(prediction, measured: Mapping[str, Mapping] | None = None) -> dict[str, dict[str, int]]:
+    """For each kernel of a PhysicalPrediction: bytes by bar label (PHYSICAL_BARS); the measured DRAM
+    bars only where `measured` (kernel -> {"dram_read_bytes", "dram_write_bytes"}) has the kernel."""
+    bars = {}
+    for k in _kernel_dicts(prediction):
+        bars[k["kernel"]] = {"logical read": k["logical_read_bytes"], "logical write": k["logical_write_bytes"],
+                             "L2 hits": k["l2_hit_bytes"], "DRAM read": k["dram_read_bytes"],
+                             "DRAM write": k["dram_write_bytes"]}
+        seen = (measured or {}).get(k["kernel"])
+        if seen:
+            bars[k["kernel"]].update({"DRAM read (measured)": int(seen["dram_read_bytes"]),
+                                      "DRAM write (measured)": int(seen["dram_write_bytes"])})
+    return bars
+
+
+def plot_physical(prediction, measured: Mapping[str, Mapping] | None = None, path: str | Path | None = None) -> Path:
+    """Per kernel, grouped bars: logical reads and writes, L2 hits, predicted DRAM reads and writes
+    (and measured ones where given)."""
+    if path is None:
+        raise ValueError(f"path must name a picture file ending in one of {PICTURE_SUFFIXES}")
+    path = picture_path(path)
+    bars = physical_bars(prediction, measured)
+    labels = [label for label in PHYSICAL_BARS if any(label in by_label for by_label in bars.values())]
+    size, unit = _byte_unit(max([1, *(v for by_label in bars.values() for v in by_label.values())]))
+    width = 0.8 / len(labels)
+    figure = Figure(figsize=(2.2 + 2.0 * len(bars) + 0.25 * len(labels), 4.6), layout="constrained")
+    axes = figure.add_subplot()
+    for b, label in enumerate(labels):
+        colour, hatch = PHYSICAL_BARS[label]
+        xs = [x + (b - (len(labels) - 1) / 2) * width for x, by_label in enumerate(bars.values()) if label in by_label]
+        values = [by_label[label] / size for by_label in bars.values() if label in by_label]
+        drawn = axes.bar(xs, values, width, label=label, color=colour, hatch=hatch,
+                         edgecolor="white" if hatch else colour, linewidth=0.5)
+        axes.bar_label(drawn, labels=[f"{v:,.3g}" for v in values], fontsize=6, rotation=90, padding=2)
+    axes.set_xticks(range(len(bars)), list(bars))
+    axes.set_ylabel(f"bytes ({unit})")
+    axes.margins(y=0.15)
+    axes.grid(axis="y", alpha=0.3)
+    axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8, frameon=False)
+    config = prediction.config if hasattr(prediction, "config") else prediction.get("config", {})
+    axes.set_title(f"Logical vs physical traffic: {config.get('algorithm', '?')}, N={config.get('n', '?')}, "
+                   f"H={config.get('heads', '?')}, d={config.get('d', '?')}, {config.get('gpu', '?')}, "
+                   f"{config.get('cache', '?')} L2", fontsize=10)
+    return _save(figure, path)
+
+
+def dram_vs_n(
+    naive_n: Sequence[int] = DRAM_VS_N_NAIVE, fa2_n: Sequence[int] = DRAM_VS_N_FA2,
+    fa2_heads: Sequence[int] = DRAM_VS_N_FA2_HEADS, *, gpu: str = "H200", d: int = 128, dtype: str = "float16",
+) -> dict:
+    """Logical and predicted DRAM bytes (reads + writes, every kernel summed) against N, from
+    traffic-only predictions: the naive path with one head, cold and warm L2; FA-2 (simflash's kernel,
+    cold L2) for each head count. With the N where the naive path's S and P (one head) stop fitting
+    the L2 the model uses, and where FA-2's K and V of one head do."""
+    from simflash.chip import l2_cache
+    from simflash.config import gpu_spec, storage_dtype
+    from simflash.model.physical import predict
+
+    spec = gpu_spec(gpu)
+    capacity = l2_cache(spec).capacity_bytes
+    itemsize = storage_dtype(dtype).itemsize
+
+    def totals(prediction) -> tuple[int, int]:
+        ks = prediction.kernels
+        return (sum(k.logical_read_bytes + k.logical_write_bytes for k in ks),
+                sum(k.dram_read_bytes + k.dram_write_bytes for k in ks))
+
+    naive = {"n": np.array(naive_n), "l2_fit_n": float(np.sqrt(capacity / (2 * itemsize)))}
+    for cache in ("cold", "warm"):
+        pairs = [totals(predict("naive", n, d, dtype=dtype, gpu=spec, cache=cache)) for n in naive_n]
+        naive["logical"] = np.array([p[0] for p in pairs], dtype=np.int64)
+        naive[cache] = np.array([p[1] for p in pairs], dtype=np.int64)
+    fa2 = {"n": np.array(fa2_n), "l2_fit_n": capacity / (2 * d * itemsize), "logical": {}, "dram": {}}
+    for heads in fa2_heads:
+        pairs = [totals(predict("fa2", n, d, heads=heads, dtype=dtype, gpu=spec)) for n in fa2_n]
+        fa2["logical"][heads] = np.array([p[0] for p in pairs], dtype=np.int64)
+        fa2["dram"][heads] = np.array([p[1] for p in pairs], dtype=np.int64)
+    return {"naive": naive, "fa2": fa2, "l2_bytes": int(capacity), "gpu": spec.name, "d": d, "dtype": dtype}
+
+
+def plot_dram_vs_n(path: str | Path, naive_n: Sequence[int] = DRAM_VS_N_NAIVE, fa2_n: Sequence[int] = DRAM_VS_N_FA2,
+                   fa2_heads: Sequence[int] = DRAM_VS_N_FA2_HEADS, *, gpu: str = "H200", d: int = 128,
+                   dtype: str = "float16") -> Path:
+    """Two panels of `dram_vs_n`: the naive path (logical, DRAM cold, DRAM warm) and FA-2 (logical and
+    DRAM per head count), bytes against N on log axes, the L2 thresholds marked."""
+    path = picture_path(path)
+    data = dram_vs_n(naive_n, fa2_n, fa2_heads, gpu=gpu, d=d, dtype=dtype)
+    figure = Figure(figsize=(11, 4.6), layout="constrained")
+    left, right = figure.subplots(1, 2)
+    naive = data["naive"]
+    left.plot(naive["n"], naive["logical"], "o-", color="#4c72b0", label="logical (the ledger)")
+    left.plot(naive["n"], naive["cold"], "s--", color="#c44e52", label="DRAM, cold L2")
+    left.plot(naive["n"], naive["warm"], "^:", color="#dd8452", label="DRAM, warm L2")
+    _threshold(left, naive["l2_fit_n"], "S + P > L2")
+    left.set_title("naive (3 kernels), H=1", fontsize=10)
+    fa2 = data["fa2"]
+    for c, heads in enumerate(fa2["logical"]):
+        right.plot(fa2["n"], fa2["logical"][heads], "o-", color=f"C{c}", label=f"logical, H={heads}")
+        right.plot(fa2["n"], fa2["dram"][heads], "s--", color=f"C{c}", label=f"DRAM, H={heads}")
+    _threshold(right, fa2["l2_fit_n"], "K + V of a head > L2")
+    right.set_title("FA-2 (simflash kernel), cold L2", fontsize=10)
+    for axes in (left, right):
+        axes.set_xscale("log", base=2)
+        axes.set_yscale("log")
+        axes.set_xlabel("N (n_q = n_kv)")
+        axes.grid(alpha=0.3, which="both")
+        axes.legend(fontsize=8, loc="upper left")
+    left.set_ylabel("bytes moved (reads + writes)")
+    figure.suptitle(f"DRAM vs logical bytes against N: {data['gpu']}, d={data['d']}, {data['dtype']}, "
+                    f"L2 as modelled {data['l2_bytes'] / MiB:,.1f} MiB", fontsize=10)
+    return _save(figure, path)
+
+
+def _threshold(axes, n: float, label: str) -> None:
+    low, high = axes.get_xlim()
+    if low <= n <= high:
+        axes.axvline(n, color="grey", linestyle="-.", linewidth=1)
+        right = np.log(n / low) > 0.6 * np.log(high / low)  # near the right edge: the label goes left of the line
+        axes.annotate(f"{label}\n(N ≈ {n:,.0f})", (n, 0.02), xycoords=("data", "axes fraction"),
+                      xytext=(-4 if right else 4, 0), textcoords="offset points", fontsize=8, color="dimgrey",
+                      ha="right" if right else "left")
