@@ -18,7 +18,7 @@ The same loop drives CTAs with values (generators calling hbm.read and hbm.write
 (`CTAProgram`s listing their transfers), so a traffic-only run sees exactly the order a run with
 values sees. In a step where every member of a cohort only streams, the members' identical reads of
 one block reach the L2 as one read with a count: back-to-back reads of a block leave an LRU cache as
-one read does, whatever their number.
+one read does, whatever their number (as long as the cache holds one step's blocks, as any L2 does).
 """
 
 from __future__ import annotations

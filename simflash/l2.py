@@ -67,10 +67,13 @@ class PhysicalTraffic:
 
 
 @attrs.define
-class L2Cache:
-    """An LRU, write-back, write-allocate cache of `capacity_bytes`, counting by (kernel, tensor)."""
+class LRUCache:
+    """One LRU, write-back, write-allocate cache of `capacity_bytes`, counting by (kernel, tensor).
 
-    capacity_bytes: int
+    A block filled by a read miss holds `read_fill_weight` of its size until it is read again (a
+    stream read once leaves less behind than data that is written or reused)."""
+
+    capacity_bytes: float
     read_fill_weight: float = 1.0
     kernel: str | None = None
     _blocks: OrderedDict[BlockKey, list] = attrs.field(factory=OrderedDict)  # key -> [nbytes, dirty, cost]
@@ -83,8 +86,8 @@ class L2Cache:
         block = self._blocks.get(key)
         if block is None:
             flow[1] += nbytes
-            self._insert(key, nbytes, dirty=False, cost=nbytes * (self.read_fill_weight if count == 1 else 1.0))
             flow[0] += nbytes * (count - 1)
+            self._insert(key, nbytes, dirty=False, cost=nbytes * (self.read_fill_weight if count == 1 else 1.0))
         else:
             self._resident_cost += nbytes - block[2]  # a block read again holds its full size
             block[2] = nbytes
@@ -115,8 +118,8 @@ class L2Cache:
         self._blocks.clear()
         self._resident_cost = 0.0
 
-    def traffic(self) -> PhysicalTraffic:
-        return PhysicalTraffic({key: L2Flow(*flow) for key, flow in self._flows.items()})
+    def flows(self) -> dict[tuple[str, str], list[int]]:
+        return self._flows
 
     def _flow(self, tensor: Hashable) -> list[int]:
         flow = self._flows.get((self.kernel, tensor))  # type: ignore[arg-type]
@@ -137,3 +140,61 @@ class L2Cache:
             self._resident_cost -= cost
             if dirty:
                 self._flow(key[0])[2] += nbytes
+
+
+@attrs.define
+class L2Cache:
+    """The L2 as the model sees it: `members` LRU caches whose capacities are spread evenly over
+    capacity x (1 -/+ capacity_spread), fed the same accesses, their counts averaged.
+
+    One LRU cache either keeps a block or loses it; a real L2 (hashed sets, two partitions) keeps a
+    share of data reused at distances near its capacity. Averaging LRU caches of spread capacities
+    gives that share: a reuse at distance X hits with the fraction of members larger than X."""
+
+    capacity_bytes: float
+    read_fill_weight: float = 1.0
+    capacity_spread: float = 0.0
+    members: int = 4
+    _caches: list[LRUCache] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        count = self.members if self.capacity_spread > 0 else 1
+        offsets = [(2 * k + 1) / count - 1 for k in range(count)]  # evenly inside (-1, 1)
+        self._caches = [LRUCache(self.capacity_bytes * (1 + self.capacity_spread * o), self.read_fill_weight)
+                        for o in offsets]
+
+    @property
+    def kernel(self) -> str | None:
+        return self._caches[0].kernel
+
+    @kernel.setter
+    def kernel(self, name: str | None) -> None:
+        for cache in self._caches:
+            cache.kernel = name
+
+    def read(self, key: BlockKey, nbytes: int, count: int = 1) -> None:
+        for cache in self._caches:
+            cache.read(key, nbytes, count)
+
+    def write(self, key: BlockKey, nbytes: int) -> None:
+        for cache in self._caches:
+            cache.write(key, nbytes)
+
+    def end_kernel(self) -> None:
+        for cache in self._caches:
+            cache.end_kernel()
+
+    def flush(self) -> None:
+        for cache in self._caches:
+            cache.flush()
+
+    def traffic(self) -> PhysicalTraffic:
+        """The members' counts, averaged (rounded to whole bytes)."""
+        keys = list(dict.fromkeys(key for cache in self._caches for key in cache.flows()))
+        count = len(self._caches)
+
+        def mean(key) -> L2Flow:
+            sums = [sum(cache.flows().get(key, [0] * 5)[f] for cache in self._caches) for f in range(5)]
+            return L2Flow(*(round(total / count) for total in sums))
+
+        return PhysicalTraffic({key: mean(key) for key in keys})

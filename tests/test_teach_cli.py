@@ -3,6 +3,7 @@
 import json
 import re
 
+import attrs
 import numpy as np
 import pytest
 import typer
@@ -10,7 +11,7 @@ from typer.testing import CliRunner
 
 import simflash as sf
 from simflash.algorithms import FLASH_ALGORITHMS
-from simflash.algorithms.flash2 import flash2_forward
+from simflash.algorithms.flash2 import flash2_cta
 from simflash.commands import teach
 
 
@@ -174,12 +175,12 @@ def test_verify_passes_and_covers_every_variant_and_exercise_4(invoke):
 
 
 def test_verify_checks_fail_for_an_algorithm_that_ignores_the_mask(monkeypatch):
-    def ignores_mask(gpu, sched, scale, trace, write_logsumexp=False):
+    def ignores_mask(gpu, sched, scale, trace, cta, write_logsumexp=False):
         unmasked = teach.NoMaskSchedule(sched.n_q, sched.n_kv, sched.block_q, sched.block_kv,
                                         causal=sched.causal, causal_variant=sched.causal_variant)
-        return flash2_forward(gpu, unmasked, scale, trace, write_logsumexp)
+        return flash2_cta(gpu, unmasked, scale, trace, cta, write_logsumexp)
 
-    monkeypatch.setitem(FLASH_ALGORITHMS, "broken", ignores_mask)
+    monkeypatch.setitem(FLASH_ALGORITHMS, "broken", attrs.evolve(FLASH_ALGORITHMS["fa2"], cta=ignores_mask))
     failed = [c for c in teach.causal_checks() if not c.passed]
     assert failed and all(c.name.startswith("broken causal") for c in failed)
 

@@ -73,15 +73,18 @@ def test_schedules_agree_on_output_and_ledger(shape, causal, variant, algorithm,
 
 @settings(max_examples=25, deadline=None)
 @given(shape=shapes, causal=st.booleans(), variant=st.sampled_from(["upper_left", "lower_right"]),
-       cache=st.sampled_from(["cold", "warm"]), capacity=st.sampled_from([4096, 65536, 10**9]),
+       cache=st.sampled_from(["cold", "warm"]), capacity=st.sampled_from([65536, 10**6, 10**9]),
        seed=st.integers(0, 2**32 - 1))
 def test_traffic_only_run_sees_what_a_run_with_values_sees(shape, causal, variant, cache, capacity, seed):
-    """Same logical bytes (also the closed form), same hits, DRAM bytes and dirty blocks, byte for byte."""
+    """Same logical bytes (also the closed form), same hits, DRAM bytes and dirty blocks, byte for byte.
+
+    (Exact as long as every member cache holds one step's blocks, as any real L2 holds a few tiles.)"""
     import attrs
 
     heads, n_q, n_kv, d = shape
     gpu = attrs.evolve(sf.GPUS["H200"], sm_count=2, calibration={"l2_effective_bytes": capacity,
-                                                                    "l2_read_fill_weight": 0.5})
+                                                                    "l2_read_fill_weight": 0.5,
+                                                                    "l2_capacity_spread": 0.5})
     sf.config.GPUS["_test"] = gpu
     try:
         q, k, v = _inputs(seed, heads, n_q, n_kv, d)

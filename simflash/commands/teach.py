@@ -14,13 +14,13 @@ import numpy as np
 import typer
 
 from simflash.algorithms import FLASH_ALGORITHMS
-from simflash.api import flash_attention
+from simflash.api import flash_attention, run_tiled
 from simflash.config import CAUSAL_VARIANTS, DEFAULT_GPU, KiB, STORAGE_DTYPES, check_positive_int, gpu_spec
 from simflash.memory import SimulatedGPU
 from simflash.numerics import reference_attention
 from simflash.schedule import TileSchedule
 from simflash.scopes import on_chip_scopes
-from simflash.trace import TileStep, TraceRequest
+from simflash.trace import TileStep
 
 # The lesson's section 3.2: one query row, d = 2, two KV tiles of two keys each.
 EXAMPLE_SCORES = ((8.0, 6.0), (10.0, 7.0))
@@ -324,7 +324,7 @@ def run_algorithm(variant: str, Q: np.ndarray, K: np.ndarray, V: np.ndarray, sch
     for name, x in (("Q", Q), ("K", K), ("V", V)):
         gpu.hbm.place(name, x[None], x.dtype)
     gpu.hbm.allocate("O", (1, *Q.shape), Q.dtype)
-    for _ in FLASH_ALGORITHMS[variant](gpu, sched, scale, TraceRequest("none"), False):
+    for _ in run_tiled(gpu, variant, sched, scale):
         pass
     return gpu.hbm.inspect("O")[0]
 

@@ -112,3 +112,22 @@ def validate(folder: Path, gpu: GPUSpec | str = "H200") -> dict:
                   "config": r.config, "kernel": r.kernel, "predicted": r.predicted, "measured": r.measured}
                  for r in rows],
     }
+
+
+def markdown(report: dict) -> str:
+    """The validation summary as a Markdown table (the docs page's), worst cases named."""
+
+    def pct(x):
+        return "-" if x is None else f"{100 * x:.0f}%"
+
+    lines = ["| set | cache | implementation | kernel rows | DRAM read within 10%/1 MiB | DRAM write within 10%/1 MiB "
+             "| time within 15% | median / p90 / worst DRAM read error | median / p90 / worst DRAM write error |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for g in report["summary"]["groups"]:
+        r, w, t = g["dram_read_bytes"], g["dram_write_bytes"], g["time_s"]
+        lines.append(
+            f"| {g['set']} | {g['cache']} | {g['implementation']} | {g['kernel_rows']} | {pct(r['within_10pct_or_1MiB'])} "
+            f"| {pct(w['within_10pct_or_1MiB'])} | {pct(t['within_15pct'])} "
+            f"| {pct(r['median_abs_error'])} / {pct(r['p90_abs_error'])} / {100 * r['worst']['error']:+.0f}% "
+            f"| {pct(w['median_abs_error'])} / {pct(w['p90_abs_error'])} / {100 * w['worst']['error']:+.0f}% |")
+    return "\n".join(lines)
