@@ -1,12 +1,16 @@
 """What the simulator's bookkeeping costs: the simulator against bare NumPy doing the same math.
 
-Ratios are measured in one process, alternating the two sides, median of `repeat` runs each.
-Peak memory is read in a child process (its peak resident set, everything included).
+Each measurement runs in a fresh child process (`in_child`) with BLAS on one thread. Ratios alternate
+the two sides in that process, median of `repeat` runs each; the large run reports its wall time and
+the child's peak resident set, everything included.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import re
 import statistics
 import subprocess
 import sys
@@ -20,18 +24,23 @@ from simflash.config import STATE_DTYPE, storage_dtype
 
 
 def bare_tiled_attention(Q, K, V, block_q: int, block_kv: int, scale: float) -> np.ndarray:
-    """FA-2's tiled loop in plain NumPy, one head, no causal mask: the simulator's math, no ledger."""
+    """FA-2's tiled loop in plain NumPy, one head, no causal mask: the simulator's math, no ledger.
+
+    The inputs are converted to float32 once, up front, and tiles are views: the fastest natural way
+    to write it by hand.
+    """
     storage = Q.dtype
     n_q, d = Q.shape
     O = np.empty_like(Q)
+    Q, K, V = (x.astype(STATE_DTYPE) for x in (Q, K, V))
     for r0 in range(0, n_q, block_q):
-        Q_i = Q[r0:r0 + block_q].astype(STATE_DTYPE)
+        Q_i = Q[r0:r0 + block_q]
         m_i = np.full(Q_i.shape[0], -np.inf, dtype=STATE_DTYPE)
         l_i = np.zeros(Q_i.shape[0], dtype=STATE_DTYPE)
         a_i = np.zeros((Q_i.shape[0], d), dtype=STATE_DTYPE)
         for c0 in range(0, K.shape[0], block_kv):
-            K_j = K[c0:c0 + block_kv].astype(STATE_DTYPE)
-            V_j = V[c0:c0 + block_kv].astype(STATE_DTYPE)
+            K_j = K[c0:c0 + block_kv]
+            V_j = V[c0:c0 + block_kv]
             S_ij = (Q_i @ K_j.T) * scale
             m_new = np.maximum(m_i, S_ij.max(axis=1))
             m_base = np.where(m_new == -np.inf, 0.0, m_new)
@@ -83,8 +92,9 @@ def flash_overhead(n: int = 4096, d: int = 128, dtype: str = "float16", block_q:
         lambda: bare_tiled_attention(q, k, v, block_q, block_kv, scale),
         repeat,
     )
-    return {"what": "FA-2 simulation (trace='stats') vs bare NumPy tiled loop", "n": n, "d": d,
-            "dtype": dtype, "simulated_s": sim, "bare_s": bare, "ratio": sim / bare, "target_ratio": 1.5}
+    return {"what": "FA-2 simulation (trace='stats') vs bare NumPy tiled loop (inputs converted once)",
+            "n": n, "d": d, "dtype": dtype, "simulated_s": sim, "bare_s": bare, "ratio": sim / bare,
+            "target_ratio": 1.5}
 
 
 def naive_overhead(n: int = 4096, d: int = 128, dtype: str = "float16", repeat: int = 3) -> dict:
@@ -100,25 +110,39 @@ def naive_overhead(n: int = 4096, d: int = 128, dtype: str = "float16", repeat: 
             "target_ratio": 1.3}
 
 
-def flash_peak_memory(n: int = 32768, d: int = 128, dtype: str = "float16") -> dict:
-    """Peak resident memory of a fresh child process that runs FA-2 with trace='none' at N = n.
+def flash_large_run(n: int = 32768, d: int = 128, dtype: str = "float16") -> dict:
+    """FA-2 with trace='none' at N = n: its wall time and the peak resident memory of this process.
 
-    Read from the child's own VmHWM: its ru_maxrss would start from this (larger) process's
-    resident size, which Linux carries across fork and exec.
+    Run it with `in_child` for a figure of its own: VmHWM is the process's own high-water mark, while
+    ru_maxrss would start from the parent's resident size, which Linux carries across fork and exec.
     """
-    code = (
-        "import re, time, simflash as sf\n"
-        "from simflash.bench import random_inputs\n"
-        f"q, k, v = random_inputs({n}, {d}, {dtype!r})\n"
-        "start = time.perf_counter()\n"
-        f"run = sf.flash_attention(q, k, v, dtype={dtype!r}, trace='none')\n"
-        "seconds = time.perf_counter() - start\n"
-        "peak_kib = re.search(r'VmHWM:\\s+(\\d+) kB', open('/proc/self/status').read()).group(1)\n"
-        "print(seconds, run.traffic.total_bytes, peak_kib)\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    seconds, total_bytes, peak_kib = done.stdout.split()
-    return {"what": "FA-2 simulation (trace='none') peak resident memory, whole child process",
-            "n": n, "d": d, "dtype": dtype, "peak_rss_mb": int(peak_kib) * 1024 / 1e6,
-            "seconds": float(seconds), "total_bytes": int(total_bytes),
-            "naive_S_would_be_mb": n * n * 4 / 1e6, "target_mb": 250}
+    q, k, v = random_inputs(n, d, dtype)
+    start = time.perf_counter()
+    run = sf.flash_attention(q, k, v, dtype=dtype, trace="none")
+    seconds = time.perf_counter() - start
+    with open("/proc/self/status") as status:
+        peak_kib = int(re.search(r"VmHWM:\s+(\d+) kB", status.read()).group(1))
+    return {"what": "FA-2 simulation (trace='none'): wall time and peak resident memory, whole child process",
+            "n": n, "d": d, "dtype": dtype, "seconds": seconds, "target_s": 30,
+            "peak_rss_mb": peak_kib * 1024 / 1e6, "target_mb": 250, "total_bytes": run.traffic.total_bytes,
+            "naive_S_would_be_mb": n * n * 4 / 1e6}
+
+
+def bare_large_run(n: int = 32768, d: int = 128, dtype: str = "float16", block_q: int = 128,
+                   block_kv: int = 64) -> dict:
+    """The bare tiled loop at N = n: what the same math costs on this machine now, without the simulator."""
+    q, k, v = random_inputs(n, d, dtype)
+    return {"seconds": _seconds(lambda: bare_tiled_attention(q, k, v, block_q, block_kv, 1 / math.sqrt(d)))}
+
+
+# Tiles are small matrices. With a second BLAS thread that had to wait for a core another process was
+# using, single runs of 0.5 s took up to 48 s on the 2-core machine the figures come from.
+ONE_BLAS_THREAD = {"OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+
+
+def in_child(measurement: str, **kwargs: object) -> dict:
+    """Run `simflash.bench.<measurement>(**kwargs)` in a fresh Python process, BLAS on one thread."""
+    code = f"import json, simflash.bench as bench; print(json.dumps(bench.{measurement}(**{kwargs!r})))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          env={**os.environ, **ONE_BLAS_THREAD})
+    return json.loads(done.stdout)

@@ -112,9 +112,16 @@ class Traffic:
 
 @attrs.define
 class HBM:
-    """Off-chip memory: named tensors in a storage dtype, and a ledger of every byte moved."""
+    """Off-chip memory: named tensors in a storage dtype, and a ledger of every byte moved.
+
+    Each placed input that is not float32 also keeps a float32 twin (exact: fp16 and bf16 values are
+    all float32 values), so reading a tile is a slice and a copy, not a conversion per tile. Bytes are
+    counted at the storage itemsize all the same, and a write rounds to the storage dtype first and
+    then brings the twin up to date.
+    """
 
     _tensors: dict[str, np.ndarray] = attrs.field(factory=dict)
+    _float32: dict[str, np.ndarray] = attrs.field(factory=dict)  # float32 twins of placed inputs
     _read: dict[LedgerKey, int] = attrs.field(factory=dict)
     _written: dict[LedgerKey, int] = attrs.field(factory=dict)
     _kernel: str | None = None
@@ -123,7 +130,12 @@ class HBM:
 
     def place(self, name: str, values: np.ndarray, dtype: np.dtype) -> None:
         """Put an input in HBM before any kernel runs (rounded to `dtype`; not kernel traffic)."""
-        self._tensors[name] = np.asarray(values).astype(dtype)
+        stored = np.asarray(values).astype(dtype)
+        self._tensors[name] = stored
+        if stored.dtype == STATE_DTYPE:
+            self._float32.pop(name, None)
+        else:
+            self._float32[name] = stored.astype(STATE_DTYPE)
 
     def allocate(self, name: str, shape: tuple[int, ...], dtype: np.dtype, poison: bool = True) -> None:
         """Reserve an output tensor, poisoned with NaN so an element no kernel wrote shows up.
@@ -131,6 +143,7 @@ class HBM:
         poison=False leaves it uninitialised, for tensors only ever read where they were written.
         """
         self._tensors[name] = np.full(shape, np.nan, dtype=dtype) if poison else np.empty(shape, dtype=dtype)
+        self._float32.pop(name, None)
 
     @contextlib.contextmanager
     def kernel(self, name: str) -> Iterator[None]:
@@ -151,24 +164,27 @@ class HBM:
 
     def read(self, tensor: str, index: tuple = (...,)) -> np.ndarray:
         """Move `tensor[index]` to the chip: counts its bytes, returns a float32 copy."""
-        block = self._tensors[tensor][index]
-        self._count(self._read, tensor, block.nbytes, index)
-        return block.astype(STATE_DTYPE)
+        stored = self._tensors[tensor]
+        block = self._float32.get(tensor, stored)[index].astype(STATE_DTYPE)  # a float32 copy
+        self._count(self._read, tensor, block.size * stored.itemsize, index)
+        return block
 
     def write(self, tensor: str, index: tuple, values: np.ndarray | float) -> None:
         """Move `values` from the chip into `tensor[index]`, rounding to the tensor's dtype."""
         target = self._tensors[tensor][index]
         target[...] = values
+        self._widen(tensor, index)
         self._count(self._written, tensor, target.nbytes, index)
 
     def read_where(self, tensor: str, stored: np.ndarray | None, fill: float, index: tuple = (...,)) -> np.ndarray:
         """Read the elements of `tensor[index]` where `stored` is True (None: all); the others come
         back as `fill`. For matrices a kernel stored only in part, such as the permitted triangle of causal S."""
-        values = self._tensors[tensor][index]
+        itemsize = self._tensors[tensor].itemsize
+        values = self._float32.get(tensor, self._tensors[tensor])[index]  # the float32 twin, if it has one
         if stored is None:
-            self._count(self._read, tensor, values.nbytes, index)
+            self._count(self._read, tensor, values.size * itemsize, index)
             return values.astype(STATE_DTYPE)
-        self._count(self._read, tensor, _stored_count(stored, values.shape) * values.itemsize, index)
+        self._count(self._read, tensor, _stored_count(stored, values.shape) * itemsize, index)
         return np.where(stored, values, fill).astype(STATE_DTYPE)
 
     def write_where(self, tensor: str, values: np.ndarray, stored: np.ndarray | None, index: tuple = (...,)) -> None:
@@ -176,9 +192,11 @@ class HBM:
         target = self._tensors[tensor][index]
         if stored is None:
             target[...] = values
+            self._widen(tensor, index)
             self._count(self._written, tensor, target.nbytes, index)
             return
         np.copyto(target, values, where=stored, casting="unsafe")
+        self._widen(tensor, index)
         self._count(self._written, tensor, _stored_count(stored, target.shape) * target.itemsize, index)
 
     def shape(self, tensor: str) -> tuple[int, ...]:
@@ -194,6 +212,12 @@ class HBM:
     def traffic(self) -> Traffic:
         keys = list(dict.fromkeys([*self._read, *self._written]))
         return Traffic({key: Flow(self._read.get(key, 0), self._written.get(key, 0)) for key in keys})
+
+    def _widen(self, tensor: str, index: tuple) -> None:
+        """After a write to `tensor[index]`: copy the rounded values into the float32 twin, if any."""
+        twin = self._float32.get(tensor)
+        if twin is not None:
+            twin[index] = self._tensors[tensor][index]
 
     def _count(self, counter: dict[LedgerKey, int], tensor: str, nbytes: int, index: tuple = (...,)) -> None:
         if self._kernel is None:

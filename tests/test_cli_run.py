@@ -55,11 +55,14 @@ def test_bench_writes_its_measurements(tmp_path):
     result = runner.invoke(app, ["bench", "--n", "256", "--d", "32", "--big-n", "1024", "--repeat", "1",
                                  "--output", str(out)])
     assert result.exit_code == 0, result.output
-    flash, naive, memory = json.loads(out.read_text())["results"]
+    written = json.loads(out.read_text())
+    flash, naive, large = written["results"]
+    assert written["machine"]["blas_threads"] == 1
     assert flash["ratio"] == flash["simulated_s"] / flash["bare_s"] and flash["target_ratio"] == 1.5
     assert naive["target_ratio"] == 1.3 and naive["n"] == 256
+    assert 0 < large["seconds"] < large["target_s"] == 30 and large["bare_s"] > 0
     # The child's own high-water mark: far below this test process's, which has run a lot already.
-    assert 10 < memory["peak_rss_mb"] < 250 and memory["total_bytes"] == 1024 * 32 * 2 * (2 + 2 * 8)
+    assert 10 < large["peak_rss_mb"] < 250 and large["total_bytes"] == 1024 * 32 * 2 * (2 + 2 * 8)
 
 
 def test_bare_loops_compute_attention():

@@ -1,5 +1,6 @@
 """The simulated machine: HBM ledger, SRAM occupancy and capacity, FLOPs, events, stepping."""
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -24,6 +25,37 @@ def test_hbm_counts_every_byte_by_kernel_tensor_and_direction():
     assert tile.dtype == np.float32
     np.testing.assert_array_equal(hbm.inspect("Y")[:2], np.arange(8.0).reshape(2, 4) * 2)
     assert np.isnan(hbm.inspect("Y")[2]).all()  # never written: the poison shows
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16, np.float32])
+def test_reads_after_writes_return_the_rounded_values(dtype):
+    """A placed input reads from its float32 twin; writes round first and keep the twin in step."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 6, 4))
+    hbm = HBM()
+    hbm.place("X", x, dtype)
+
+    def rounded(values):
+        return np.asarray(values).astype(dtype).astype(np.float32)
+
+    with hbm.kernel("k"):
+        np.testing.assert_array_equal(hbm.read("X", (1, slice(2, 5))), rounded(x[1, 2:5]))
+        tile = rng.standard_normal((3, 4)).astype(np.float32)  # most of these are not fp16/bf16 values
+        hbm.write("X", (0, slice(1, 4)), tile)
+        x[0, 1:4] = rounded(tile)
+        np.testing.assert_array_equal(hbm.read("X"), rounded(x))
+        everything = rng.standard_normal(x.shape)
+        hbm.write_where("X", everything, None)
+        np.testing.assert_array_equal(hbm.read("X", (1,)), rounded(everything[1]))
+        upper = np.triu(np.ones((6, 4), dtype=bool))
+        hbm.write_where("X", x, upper)
+        expected = np.where(upper, rounded(x), rounded(everything))
+        np.testing.assert_array_equal(hbm.read_where("X", None, fill=0.0), expected)
+        np.testing.assert_array_equal(hbm.read_where("X", upper, fill=-np.inf), np.where(upper, expected, -np.inf))
+    np.testing.assert_array_equal(hbm.inspect("X").astype(np.float32), expected)
+    itemsize = np.dtype(dtype).itemsize  # bytes are counted at the storage itemsize, not the twin's
+    assert hbm.traffic().ledger[("k", "X")] == sf.Flow((12 + 48 + 24 + 48 + 2 * 10) * itemsize,
+                                                       (12 + 48 + 2 * 10) * itemsize)
 
 
 def test_transfers_outside_a_kernel_are_refused():
