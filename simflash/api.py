@@ -224,6 +224,9 @@ def _flash_steps(setup: _FlashSetup) -> Generator[TileStep, None, Run]:
 
 def _attributed(gpu: SimulatedGPU, index: tuple[int, ...], body):
     """Run a CTA's generator with its work attributed to it in the event log, step by step."""
+    if gpu.log is None:  # nothing to attribute: let the steps through untouched
+        yield from body
+        return
     while True:
         with gpu.cta(*index):
             try:

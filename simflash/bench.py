@@ -135,6 +135,17 @@ def bare_large_run(n: int = 32768, d: int = 128, dtype: str = "float16", block_q
     return {"seconds": _seconds(lambda: bare_tiled_attention(q, k, v, block_q, block_kv, 1 / math.sqrt(d)))}
 
 
+def physical_prediction_run(n: int = 131072, heads: int = 32, d: int = 128) -> dict:
+    """The whole-chip model's traffic-only prediction of FA-2 (L2, DRAM bytes and time): its wall time."""
+    from simflash.model.physical import predict
+
+    start = time.perf_counter()
+    kernel = predict("fa2", n, d, heads=heads).kernel("flash2_forward")
+    return {"what": "whole-chip prediction of FA-2 (traffic only: schedule, L2, DRAM bytes, time)", "n": n,
+            "heads": heads, "d": d, "seconds": time.perf_counter() - start, "target_s": 10,
+            "dram_read_bytes": kernel.dram_read_bytes}
+
+
 # Tiles are small matrices. With a second BLAS thread that had to wait for a core another process was
 # using, single runs of 0.5 s took up to 48 s on the 2-core machine the figures come from.
 ONE_BLAS_THREAD = {"OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}

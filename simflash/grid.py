@@ -159,7 +159,9 @@ def run_bodies(bodies: Mapping[CTA, Callable[[], Iterator]], slots: int) -> Iter
     for _, cohorts in lockstep(bodies, slots):
         for step, members, _ in cohorts:
             for cta in members:
-                body = running.setdefault(cta, bodies[cta]())
+                body = running.get(cta)
+                if body is None:
+                    body = running[cta] = bodies[cta]()
                 try:
                     item = next(body)
                 except StopIteration:

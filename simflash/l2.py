@@ -67,8 +67,8 @@ class PhysicalTraffic:
 
 
 @attrs.define
-class LRUCache:
-    """One LRU, write-back, write-allocate cache of `capacity_bytes`, counting by (kernel, tensor).
+class L2Cache:
+    """An LRU, write-back, write-allocate cache of `capacity_bytes`, counting by (kernel, tensor).
 
     A block filled by a read miss holds `read_fill_weight` of its size until it is read again (a
     stream read once leaves less behind than data that is written or reused)."""
@@ -118,8 +118,8 @@ class LRUCache:
         self._blocks.clear()
         self._resident_cost = 0.0
 
-    def flows(self) -> dict[tuple[str, str], list[int]]:
-        return self._flows
+    def traffic(self) -> PhysicalTraffic:
+        return PhysicalTraffic({key: L2Flow(*flow) for key, flow in self._flows.items()})
 
     def _flow(self, tensor: Hashable) -> list[int]:
         flow = self._flows.get((self.kernel, tensor))  # type: ignore[arg-type]
@@ -140,61 +140,3 @@ class LRUCache:
             self._resident_cost -= cost
             if dirty:
                 self._flow(key[0])[2] += nbytes
-
-
-@attrs.define
-class L2Cache:
-    """The L2 as the model sees it: `members` LRU caches whose capacities are spread evenly over
-    capacity x (1 -/+ capacity_spread), fed the same accesses, their counts averaged.
-
-    One LRU cache either keeps a block or loses it; a real L2 (hashed sets, two partitions) keeps a
-    share of data reused at distances near its capacity. Averaging LRU caches of spread capacities
-    gives that share: a reuse at distance X hits with the fraction of members larger than X."""
-
-    capacity_bytes: float
-    read_fill_weight: float = 1.0
-    capacity_spread: float = 0.0
-    members: int = 4
-    _caches: list[LRUCache] = attrs.field(init=False)
-
-    def __attrs_post_init__(self) -> None:
-        count = self.members if self.capacity_spread > 0 else 1
-        offsets = [(2 * k + 1) / count - 1 for k in range(count)]  # evenly inside (-1, 1)
-        self._caches = [LRUCache(self.capacity_bytes * (1 + self.capacity_spread * o), self.read_fill_weight)
-                        for o in offsets]
-
-    @property
-    def kernel(self) -> str | None:
-        return self._caches[0].kernel
-
-    @kernel.setter
-    def kernel(self, name: str | None) -> None:
-        for cache in self._caches:
-            cache.kernel = name
-
-    def read(self, key: BlockKey, nbytes: int, count: int = 1) -> None:
-        for cache in self._caches:
-            cache.read(key, nbytes, count)
-
-    def write(self, key: BlockKey, nbytes: int) -> None:
-        for cache in self._caches:
-            cache.write(key, nbytes)
-
-    def end_kernel(self) -> None:
-        for cache in self._caches:
-            cache.end_kernel()
-
-    def flush(self) -> None:
-        for cache in self._caches:
-            cache.flush()
-
-    def traffic(self) -> PhysicalTraffic:
-        """The members' counts, averaged (rounded to whole bytes)."""
-        keys = list(dict.fromkeys(key for cache in self._caches for key in cache.flows()))
-        count = len(self._caches)
-
-        def mean(key) -> L2Flow:
-            sums = [sum(cache.flows().get(key, [0] * 5)[f] for cache in self._caches) for f in range(5)]
-            return L2Flow(*(round(total / count) for total in sums))
-
-        return PhysicalTraffic({key: mean(key) for key in keys})

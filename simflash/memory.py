@@ -8,6 +8,7 @@ refuses a tile set that does not fit. Both hand out frozen snapshots (`Traffic`,
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator, Mapping
 
 import attrs
@@ -328,11 +329,11 @@ class SRAM:
 
     def alloc(self, buffer: str, shape: tuple[int, ...], dtype: np.dtype) -> None:
         """Reserve a shared-memory buffer for an intermediate that never leaves the chip."""
-        self.shared.hold(buffer, int(np.prod(shape)) * np.dtype(dtype).itemsize)
+        self.shared.hold(buffer, math.prod(shape) * np.dtype(dtype).itemsize)
 
     def state(self, buffer: str, shape: tuple[int, ...], fill: float) -> np.ndarray:
         """A float32 register-held state array (m, l, a), initialised to `fill`."""
-        self.registers.hold(buffer, int(np.prod(shape)) * STATE_DTYPE.itemsize)
+        self.registers.hold(buffer, math.prod(shape) * STATE_DTYPE.itemsize)
         return np.full(shape, fill, dtype=STATE_DTYPE)
 
     def free(self, *buffers: str) -> None:

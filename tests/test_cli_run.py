@@ -53,10 +53,11 @@ def test_run_reports_bad_arguments():
 def test_bench_writes_its_measurements(tmp_path):
     out = tmp_path / "bench.json"
     result = runner.invoke(app, ["bench", "--n", "256", "--d", "32", "--big-n", "1024", "--repeat", "1",
-                                 "--output", str(out)])
+                                 "--physical-n", "2048", "--physical-heads", "2", "--output", str(out)])
     assert result.exit_code == 0, result.output
     written = json.loads(out.read_text())
-    flash, naive, large = written["results"]
+    flash, naive, large, physical = written["results"]
+    assert 0 < physical["seconds"] < physical["target_s"] == 10 and physical["dram_read_bytes"] > 0
     assert written["machine"]["blas_threads"] == 1
     assert flash["ratio"] == flash["simulated_s"] / flash["bare_s"] and flash["target_ratio"] == 1.5
     assert naive["target_ratio"] == 1.3 and naive["n"] == 256

@@ -78,13 +78,12 @@ def test_schedules_agree_on_output_and_ledger(shape, causal, variant, algorithm,
 def test_traffic_only_run_sees_what_a_run_with_values_sees(shape, causal, variant, cache, capacity, seed):
     """Same logical bytes (also the closed form), same hits, DRAM bytes and dirty blocks, byte for byte.
 
-    (Exact as long as every member cache holds one step's blocks, as any real L2 holds a few tiles.)"""
+    (Exact as long as the cache holds one step's blocks, as any real L2 holds a few tiles.)"""
     import attrs
 
     heads, n_q, n_kv, d = shape
     gpu = attrs.evolve(sf.GPUS["H200"], sm_count=2, calibration={"l2_effective_bytes": capacity,
-                                                                    "l2_read_fill_weight": 0.5,
-                                                                    "l2_capacity_spread": 0.5})
+                                                                    "l2_read_fill_weight": 0.5})
     sf.config.GPUS["_test"] = gpu
     try:
         q, k, v = _inputs(seed, heads, n_q, n_kv, d)
@@ -135,3 +134,42 @@ def test_predict_refuses_bad_input():
         predict(heads=0)
     with pytest.raises(ValueError, match="schedule"):
         sf.flash_attention(*_inputs(0, 1, 8, 8, 8), schedule="parallel")
+
+
+def test_validation_records_match_the_model_and_the_docs():
+    """The committed validation report is what the model predicts now, and the docs show its table."""
+    import json
+    from pathlib import Path
+
+    from simflash.model.calibration import markdown
+
+    root = Path(__file__).resolve().parents[1]
+    report = json.loads((root / "benchmarks/gpu/physical_validation.json").read_text())
+    assert markdown(report) in (root / "docs/physical.md").read_text()
+    quick = [r for r in report["rows"] if r["config"]["n"] * r["config"]["heads"] <= 8192 and not r["config"]["causal"]]
+    assert len(quick) >= 10
+    for row in quick[:12]:
+        c = row["config"]
+        algorithm = "naive" if c["algorithm"] == "naive" else "fa2"
+        kernel = {"naive": "simflash", "fa2": "simflash", "sdpa_flash": "sdpa_flash"}[c["algorithm"]]
+        p = predict(algorithm, c["n"], c["d"], heads=c["heads"], causal=c["causal"], cache=row["cache"],
+                    kernel=kernel).kernel(row["kernel"])
+        assert (p.dram_read_bytes, p.dram_write_bytes) == (row["predicted"]["dram_read_bytes"],
+                                                           row["predicted"]["dram_write_bytes"])
+
+
+@pytest.mark.parametrize("slots", [1, 3])
+def test_each_cta_body_starts_once_and_runs_its_steps(slots):
+    from simflash.grid import CTA, run_bodies
+
+    started = []
+
+    def body(cta):
+        started.append(cta.index)
+        for step in range(cta.n_steps):
+            yield (cta.index, step)
+
+    ctas = [CTA((i,), n_steps=i % 3 + 1, cohort=(0, i % 2)) for i in range(7)]
+    yielded = list(run_bodies({cta: (lambda cta=cta: body(cta)) for cta in ctas}, slots))
+    assert sorted(started) == [cta.index for cta in ctas]
+    assert sorted(yielded) == sorted((cta.index, s) for cta in ctas for s in range(cta.n_steps))

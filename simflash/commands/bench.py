@@ -20,6 +20,8 @@ def bench(
     n: Annotated[int, typer.Option(help="N for the timing comparisons.")] = 4096,
     d: Annotated[int, typer.Option(help="Head dimension.")] = 128,
     big_n: Annotated[int, typer.Option(help="N for the large run (trace='none'): time and peak memory.")] = 32768,
+    physical_n: Annotated[int, typer.Option(help="N for timing the whole-chip prediction of FA-2.")] = 131072,
+    physical_heads: Annotated[int, typer.Option(help="Heads for timing the whole-chip prediction.")] = 32,
     repeat: Annotated[int, typer.Option(help="Timed runs of each side (median taken).")] = 5,
     output: Annotated[Path | None, typer.Option(help="Also write the results as JSON here.")] = None,
 ) -> None:
@@ -37,6 +39,8 @@ def bench(
         large = in_child("flash_large_run", n=big_n, d=d)
     with console.status(f"bare tiled loop at N={big_n} in a child process (time)"):
         large["bare_s"] = in_child("bare_large_run", n=big_n, d=d)["seconds"]
+    with console.status(f"whole-chip prediction of FA-2 at N={physical_n}, {physical_heads} heads"):
+        physical = in_child("physical_prediction_run", n=physical_n, heads=physical_heads, d=d)
 
     table = Table(title=f"simflash bench (NumPy {np.__version__}, Python {platform.python_version()}, "
                         "BLAS on one thread)")
@@ -53,13 +57,15 @@ def bench(
     table.add_row(f"{what}: peak resident memory, whole process", f"{large['peak_rss_mb']:.0f} MB",
                   f"(S alone: {large['naive_S_would_be_mb']:.0f} MB)", "-",
                   f"< {large['target_mb']} MB", "yes" if large["peak_rss_mb"] < large["target_mb"] else "NO")
+    table.add_row(f"{physical['what']}, N={physical['n']}, H={physical['heads']}", f"{physical['seconds']:.1f} s",
+                  "-", "-", f"< {physical['target_s']} s", "yes" if physical["seconds"] < physical["target_s"] else "NO")
     console.print(table)
     if output is not None:
         results = {"command": "simflash bench" + (f" --repeat {repeat}" if repeat != 5 else ""),
                    "machine": {"python": platform.python_version(), "numpy": np.__version__,
                                "processor": platform.machine(), "cpus": os.cpu_count(),
                                "load_average_at_start": load_average, "blas_threads": 1},
-                   "results": [flash, naive, large]}
+                   "results": [flash, naive, large, physical]}
         output.write_text(json.dumps(results, indent=2) + "\n")
 
 

@@ -157,6 +157,27 @@ def _table(title: str, columns: list[str], rows: list[list[str]], text_columns: 
     return table
 
 
+def validate(
+    folder: Annotated[Path, typer.Argument(help="Folder of the sweep's calibration_{cold,warm,time}.json.")] = Path(
+        "benchmarks/gpu"),
+    gpu: Annotated[str, typer.Option(help=f"GPU machine file: {', '.join(GPUS)}.")] = DEFAULT_GPU,
+    save: Annotated[Path | None, typer.Option(help="Also write every row and the summary as JSON here.")] = None,
+) -> None:
+    """Predict every kernel of the calibration sweep and compare with ncu: fit set and held-out set."""
+    from simflash.model.calibration import markdown
+    from simflash.model.calibration import validate as run_validation
+
+    with user_errors():
+        for name in ("calibration_cold.json", "calibration_warm.json", "calibration_time.json"):
+            if not (folder / name).is_file():
+                raise ValueError(f"FOLDER must hold {name}; {folder / name} is not a file")
+        report = run_validation(folder, _choice("gpu", gpu, tuple(GPUS)))
+    if save is not None:
+        save.write_text(json.dumps(report, indent=1) + "\n")
+    typer.echo(markdown(report))
+
+
 def register(app: typer.Typer) -> None:
-    """Add `physical` to the simflash app."""
+    """Add `physical` and `physical-validate` to the simflash app."""
     app.command("physical")(physical)
+    app.command("physical-validate")(validate)
