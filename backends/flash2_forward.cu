@@ -78,9 +78,9 @@ __global__ void __launch_bounds__(B_r / 16 * 32) flash2_forward(
   storage_t* O_h = O + (size_t)h * n_q * D;
   u64 read_Q = 0, read_K = 0, read_V = 0, written_O = 0;  // INSTRUMENTED counts of this thread
 
-  // -- Q_i (loaded even when the tile visits no KV tile, as the simulator does), then K_0, V_0
-  read_Q += load_tile<B_r, D, THREADS>(Q_s, Q_h + (size_t)row_start * D, rows);
+  // -- Q_i, then K_0, V_0; a tile that visits no KV tile loads nothing and writes zeros
   if (T_c > 0) {
+    read_Q += load_tile<B_r, D, THREADS>(Q_s, Q_h + (size_t)row_start * D, rows);
     read_K += load_tile<B_c, D, THREADS>(K_s, K_h, min(B_c, n_kv));
     read_V += load_tile<B_c, D, THREADS>(V_s, V_h, min(B_c, n_kv));
   }
@@ -91,7 +91,11 @@ __global__ void __launch_bounds__(B_r / 16 * 32) flash2_forward(
   float a_i[NO][4];                                      // (16, D) per warp: unnormalised output
 #pragma unroll
   for (int n = 0; n < NO; ++n) a_i[n][0] = a_i[n][1] = a_i[n][2] = a_i[n][3] = 0.f;
-  u32 Q_frag[D / 16][4];  // this warp's 16 rows of Q_i as tensor-core A fragments
+  // This warp's 16 rows of Q_i as tensor-core A fragments: kept in registers across KV tiles up to
+  // d = 128; at d = 256 they would crowd a_i out of the register file, so they are reread from shared
+  // memory for every KV tile (as FlashAttention-2 does for its large head dims).
+  constexpr bool Q_IN_REGISTERS = D <= 128;
+  u32 Q_frag[Q_IN_REGISTERS ? D / 16 : 1][4];
   const float scale_log2 = scale * LOG2E;  // exp(scale * x) = 2^(scale_log2 * x)
   const int warp_row = row_start + warp * 16;  // global row of this warp's first row
 
@@ -110,10 +114,10 @@ __global__ void __launch_bounds__(B_r / 16 * 32) flash2_forward(
       cp_async_wait<0>();
     }
     __syncthreads();
-    if (j == 0) {
+    if (Q_IN_REGISTERS && j == 0) {
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk)
-        ldmatrix_x4(Q_frag[kk], Q_s + 2 * swizzle<D>(warp * 16 + (lane & 15), kk * 2 + (lane >> 4)));
+        ldmatrix_x4(Q_frag[Q_IN_REGISTERS ? kk : 0], Q_s + 2 * swizzle<D>(warp * 16 + (lane & 15), kk * 2 + (lane >> 4)));
     }
 
     // -- S_ij = Q_i K_j^T   (16, B_c) per warp, fp32
@@ -122,12 +126,15 @@ __global__ void __launch_bounds__(B_r / 16 * 32) flash2_forward(
     for (int n = 0; n < NS; ++n) S_ij[n][0] = S_ij[n][1] = S_ij[n][2] = S_ij[n][3] = 0.f;
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
+      const int q = Q_IN_REGISTERS ? kk : 0;
+      if (!Q_IN_REGISTERS)
+        ldmatrix_x4(Q_frag[0], Q_s + 2 * swizzle<D>(warp * 16 + (lane & 15), kk * 2 + (lane >> 4)));
 #pragma unroll
       for (int n = 0; n < NS; n += 2) {
         u32 b[4];  // K_j rows 8n..8n+15, columns 16kk..16kk+15
         ldmatrix_x4(b, K_j + 2 * swizzle<D>(n * 8 + (lane & 7) + ((lane >> 4) << 3), kk * 2 + ((lane >> 3) & 1)));
-        St::mma(S_ij[n], Q_frag[kk], b[0], b[1]);
-        St::mma(S_ij[n + 1], Q_frag[kk], b[2], b[3]);
+        St::mma(S_ij[n], Q_frag[q], b[0], b[1]);
+        St::mma(S_ij[n + 1], Q_frag[q], b[2], b[3]);
       }
     }
 
@@ -209,7 +216,6 @@ __global__ void __launch_bounds__(B_r / 16 * 32) flash2_forward(
     }
     __syncthreads();  // every warp is done with buffer `buf` before it is refilled
   }
-  cp_async_wait<0>();  // a tile that visited no KV tile still has Q_i in flight
   __syncthreads();
 
   // -- normalise once; a row that saw no key outputs 0

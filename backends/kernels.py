@@ -15,7 +15,7 @@ import attrs
 # Template argument DT of the kernels (StorageType in ptx.cuh): 16-bit storage on the tensor cores.
 STORAGE_TYPES = {"float16": 0, "bfloat16": 1}
 # The instantiations the FA-2 kernel is built for.
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 128, 256)
 BLOCK_Q = (64, 128)  # B_r: a multiple of 16, one warp per 16 rows
 BLOCK_KV = (32, 64, 128)  # B_c: a multiple of 16
 COMPILE_OPTIONS = ("--std=c++17",)

@@ -48,7 +48,7 @@ MASKS = ((False, "upper_left"), (True, "upper_left"), (True, "lower_right"))
 
 def default_configs(quick: bool = False) -> list[CheckConfig]:
     """N in {1, 17, 128, 1000, 4096} x d in {64, 128} x {full, both causal variants} x {fp16, bf16},
-    n_q != n_kv both ways, and the other tile shapes. quick: a small subset for sanitizers and smoke runs."""
+    n_q != n_kv both ways, the other tile shapes, and d = 256. quick: a small subset for sanitizers and smoke runs."""
     if quick:
         return [
             CheckConfig(200, 200, 64, 2, True, "upper_left", "float16", 64, 32),
@@ -68,6 +68,11 @@ def default_configs(quick: bool = False) -> list[CheckConfig]:
     for block_q, block_kv in ((64, 32), (64, 64), (64, 128), (128, 32), (128, 128)):
         for causal, variant in MASKS:
             configs.append(CheckConfig(1000, 777, 128, 2, causal, variant, "float16", block_q, block_kv))
+    # d = 256 (FlashAttention-2 supports it): the tiles whose shared memory fits, both dtypes
+    for n_q, n_kv in ((17, 17), (1000, 1000), (300, 777)):
+        for causal, variant in MASKS:
+            for dtype, (block_q, block_kv) in (("float16", (64, 32)), ("bfloat16", (128, 32)), ("float16", (128, 64))):
+                configs.append(CheckConfig(n_q, n_kv, 256, 1, causal, variant, dtype, block_q, block_kv))
     return configs
 
 
@@ -166,8 +171,9 @@ def passed(record: dict) -> bool:
 
 def refusals() -> list[dict]:
     """Configurations the kernel is not built for are refused with a ValueError naming the argument."""
-    cases = {"d=96": dict(d=96), "block_q=100": dict(block_q=100), "block_kv=48": dict(block_kv=48),
-             "dtype=float32": dict(dtype="float32")}
+    cases = {"d=96": dict(d=96), "d=512": dict(d=512), "block_q=100": dict(block_q=100),
+             "block_kv=48": dict(block_kv=48), "dtype=float32": dict(dtype="float32"),
+             "d=256 with 128x128 tiles (320 KiB of shared memory)": dict(d=256, block_kv=128)}
     out = []
     for label, change in cases.items():
         kwargs = dict(dtype="float16", block_q=128, block_kv=64, d=64) | change

@@ -71,7 +71,7 @@ def test_flash_attention_checks_inputs_before_touching_cupy(monkeypatch):
 
 def test_the_supported_set_is_what_the_docs_promise():
     assert list(STORAGE_TYPES) == ["float16", "bfloat16"]
-    assert HEAD_DIMS == (64, 128) and BLOCK_Q == (64, 128) and BLOCK_KV == (32, 64, 128)
+    assert HEAD_DIMS == (64, 128, 256) and BLOCK_Q == (64, 128) and BLOCK_KV == (32, 64, 128)
     assert 128 in BLOCK_Q and 64 in BLOCK_KV  # the simulator's default tiles are built
 
 

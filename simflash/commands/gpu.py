@@ -61,7 +61,7 @@ def info(as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = Fals
 
     with user_errors():
         kernels = [Flash2Kernel(dtype, 128, 64, d, instrumented).resources()
-                   for dtype in ("float16", "bfloat16") for d in (64, 128) for instrumented in (False, True)]
+                   for dtype in ("float16", "bfloat16") for d in (64, 128, 256) for instrumented in (False, True)]
         result = {"device": device_info(), "supported": supported(), "kernels": kernels}
     rows = [[k["kernel"], str(k["threads"]), str(k["registers"]), str(k["local_bytes"]), str(k["shared_bytes"])]
             for k in kernels]
