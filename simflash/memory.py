@@ -3,6 +3,19 @@
 Every transfer is a visible call: `hbm.read`, `hbm.write`, `sram.load`, `sram.store`. HBM keeps a
 ledger of bytes by (kernel, tensor, direction); SRAM tracks live and peak bytes per buffer and
 refuses a tile set that does not fit. Both hand out frozen snapshots (`Traffic`, `OnChipStats`).
+
+The rules that keep the two honest (each broken one is an error naming what was expected):
+
+- A transfer selects a rectangular block with a *basic* index: ints and slices (and `...`). An
+  integer-array or boolean index makes NumPy select a copy, so a write through it would count bytes
+  and store nothing; partial writes of a matrix go through `write_where` with a boolean mask.
+- Values written match the selected block's shape exactly (a scalar fills it).
+- A tiled kernel brings a tile on chip with `sram.load`, never with `hbm.read`: the load reads HBM
+  *and* holds the tile in shared memory, so the capacity check sees every byte that lands on chip.
+  The CTAs of a tiled kernel get an HBM view (`HBM.tiled_view`, handed out by
+  `SimulatedGPU.for_cta`) that refuses `read` and `read_where`. `hbm.read` itself stays for kernels
+  whose on-chip footprint simflash does not model (the naive baseline's library kernels) and for tests.
+- A buffer name is held at most once at a time, in one scope; freeing a name that is not held fails.
 """
 
 from __future__ import annotations
@@ -22,6 +35,55 @@ LedgerKey = tuple[str, str]  # (kernel, tensor)
 
 class SRAMOverflowError(ValueError):
     """The tiles a kernel holds at once do not fit in the configured SRAM capacity."""
+
+
+class OnChipBufferError(ValueError):
+    """A buffer held twice, or freed without being held."""
+
+
+class DirectReadError(RuntimeError):
+    """A tiled kernel's CTA read HBM without holding the tile on chip (use `sram.load`)."""
+
+
+def _basic_index(tensor: str, index: object) -> tuple:
+    """`index` as a tuple of ints, slices and Ellipsis, or a TypeError naming the argument."""
+    index = index if isinstance(index, tuple) else (index,)
+    for position, item in enumerate(index):
+        basic = item is Ellipsis or isinstance(item, slice) or (
+            isinstance(item, (int, np.integer)) and not isinstance(item, (bool, np.bool_)))
+        if not basic:
+            shown = (f"an array of dtype {item.dtype} and shape {item.shape}" if isinstance(item, np.ndarray)
+                     else f"{type(item).__name__} {item!r}")
+            raise TypeError(
+                f"index into {tensor!r} must be basic (ints, slices, ...), got {shown} "
+                f"at position {position}: an integer-array or boolean index selects a copy, so "
+                f"a write through it would store nothing; select a rectangular block, and use write_where "
+                f"with a boolean mask for a partial write")
+    return index
+
+
+def _check_values(tensor: str, values: object, shape: tuple[int, ...]) -> None:
+    """Written values must have the selected block's shape (a scalar fills the block)."""
+    if np.ndim(values) != 0 and np.shape(values) != shape:
+        raise ValueError(
+            f"values written to {tensor!r} must have the selected block's shape {shape} (or be a scalar), "
+            f"got shape {np.shape(values)}")
+
+
+def _check_mask(tensor: str, stored: object, shape: tuple[int, ...]) -> np.ndarray:
+    """A boolean mask that broadcasts to the selected block's shape, or a ValueError naming `stored`."""
+    mask = np.asarray(stored)
+    if mask.dtype != np.bool_:
+        raise ValueError(f"stored (the mask for {tensor!r}) must be a boolean array or None, got dtype {mask.dtype}")
+    try:
+        broadcast = np.broadcast_shapes(mask.shape, shape)
+    except ValueError:
+        broadcast = None
+    if broadcast != shape:
+        raise ValueError(
+            f"stored (the mask for {tensor!r}) must broadcast to the selected block's shape {shape}, "
+            f"got shape {mask.shape}")
+    return mask
 
 
 @attrs.frozen
@@ -164,15 +226,26 @@ class HBM:
                 self.log.kernel = None
 
     def read(self, tensor: str, index: tuple = (...,)) -> np.ndarray:
-        """Move `tensor[index]` to the chip: counts its bytes, returns a float32 copy."""
-        stored = self._tensors[tensor]
+        """Move `tensor[index]` to the chip: counts its bytes, returns a float32 copy that nothing on
+        chip holds. Tiled kernels use `sram.load` instead, which reads through here and holds the tile
+        in shared memory; their CTAs' HBM view refuses this call (see the module docstring)."""
+        return self._fetch(tensor, index)
+
+    def _fetch(self, tensor: str, index: tuple = (...,)) -> np.ndarray:
+        """The transfer behind `read` and `sram.load`."""
+        stored = self._stored(tensor)
+        index = _basic_index(tensor, index)
         block = self._float32.get(tensor, stored)[index].astype(STATE_DTYPE)  # a float32 copy
         self._count(self._read, tensor, block.size * stored.itemsize, index)
         return block
 
     def write(self, tensor: str, index: tuple, values: np.ndarray | float) -> None:
-        """Move `values` from the chip into `tensor[index]`, rounding to the tensor's dtype."""
-        target = self._tensors[tensor][index]
+        """Move `values` from the chip into `tensor[index]`, rounding to the tensor's dtype.
+
+        `index` is basic (ints, slices); `values` has the block's shape or is a scalar that fills it."""
+        index = _basic_index(tensor, index)
+        target = self._stored(tensor)[index]  # a view: basic indexing
+        _check_values(tensor, values, target.shape)
         target[...] = values
         self._widen(tensor, index)
         self._count(self._written, tensor, target.nbytes, index)
@@ -180,25 +253,45 @@ class HBM:
     def read_where(self, tensor: str, stored: np.ndarray | None, fill: float, index: tuple = (...,)) -> np.ndarray:
         """Read the elements of `tensor[index]` where `stored` is True (None: all); the others come
         back as `fill`. For matrices a kernel stored only in part, such as the permitted triangle of causal S."""
-        itemsize = self._tensors[tensor].itemsize
+        itemsize = self._stored(tensor).itemsize
+        index = _basic_index(tensor, index)
         values = self._float32.get(tensor, self._tensors[tensor])[index]  # the float32 twin, if it has one
         if stored is None:
             self._count(self._read, tensor, values.size * itemsize, index)
             return values.astype(STATE_DTYPE)
-        self._count(self._read, tensor, _stored_count(stored, values.shape) * itemsize, index)
-        return np.where(stored, values, fill).astype(STATE_DTYPE)
+        mask = _check_mask(tensor, stored, values.shape)
+        self._count(self._read, tensor, _stored_count(mask, values.shape) * itemsize, index)
+        return np.where(mask, values, fill).astype(STATE_DTYPE)
 
     def write_where(self, tensor: str, values: np.ndarray, stored: np.ndarray | None, index: tuple = (...,)) -> None:
-        """Write `values` into `tensor[index]` where `stored` is True (None: everywhere); the rest is never stored."""
-        target = self._tensors[tensor][index]
+        """Write `values` into `tensor[index]` where `stored` is True (None: everywhere); the rest is never stored.
+
+        `values` has the selected block's shape exactly; `stored` is a boolean mask that broadcasts to it."""
+        index = _basic_index(tensor, index)
+        target = self._stored(tensor)[index]  # a view: basic indexing
+        if np.shape(values) != target.shape:
+            raise ValueError(f"values written to {tensor!r} must have the selected block's shape {target.shape}, "
+                             f"got shape {np.shape(values)}")
         if stored is None:
             target[...] = values
             self._widen(tensor, index)
             self._count(self._written, tensor, target.nbytes, index)
             return
-        np.copyto(target, values, where=stored, casting="unsafe")
+        mask = _check_mask(tensor, stored, target.shape)
+        np.copyto(target, values, where=mask, casting="unsafe")
         self._widen(tensor, index)
-        self._count(self._written, tensor, _stored_count(stored, target.shape) * target.itemsize, index)
+        self._count(self._written, tensor, _stored_count(mask, target.shape) * target.itemsize, index)
+
+    def tiled_view(self) -> TiledHBM:
+        """This HBM as a tiled kernel's CTA sees it: writes as here, reads only through `sram.load`."""
+        return TiledHBM(self)
+
+    def _stored(self, tensor: str) -> np.ndarray:
+        try:
+            return self._tensors[tensor]
+        except KeyError:
+            raise KeyError(f"no tensor {tensor!r} in HBM (placed or allocated: {', '.join(self._tensors) or 'none'})"
+                           ) from None
 
     def shape(self, tensor: str) -> tuple[int, ...]:
         return self._tensors[tensor].shape
@@ -235,6 +328,32 @@ class HBM:
                 self.l2.write(block, nbytes)
 
 
+class TiledHBM:
+    """A tiled kernel's CTA view of an HBM: everything passes through to it except `read` and
+    `read_where`, which raise, because a tile must land on chip through `sram.load` (which holds it in
+    shared memory, where the capacity check sees it)."""
+
+    def __init__(self, hbm: HBM) -> None:
+        self._hbm = hbm
+
+    def __getattr__(self, name: str):
+        return getattr(self._hbm, name)
+
+    def tiled_view(self) -> TiledHBM:
+        return self
+
+    def read(self, tensor: str, index: tuple = (...,)) -> np.ndarray:
+        raise DirectReadError(
+            f"hbm.read({tensor!r}, ...) inside a tiled kernel's CTA: the tile would land on chip without "
+            f"being held, out of sight of the SRAM capacity check; load it with "
+            f"sram.load(buffer, hbm, {tensor!r}, index) and free the buffer when done")
+
+    def read_where(self, tensor: str, *args, **kwargs) -> np.ndarray:
+        raise DirectReadError(
+            f"hbm.read_where({tensor!r}, ...) inside a tiled kernel's CTA: load tiles with "
+            f"sram.load(buffer, hbm, {tensor!r}, index) so the SRAM capacity check sees them")
+
+
 def _block_key(tensor: str, index: tuple) -> tuple:
     """The L2 block a transfer touches: (tensor, head, first row), as simflash.grid.block_key names it."""
     head = index[0] if index and isinstance(index[0], (int, np.integer)) else 0
@@ -269,6 +388,10 @@ class OnChipScope:
     _peak_by_buffer: dict[str, int] = attrs.field(factory=dict)
 
     def hold(self, buffer: str, nbytes: int) -> None:
+        if buffer in self._live:
+            raise OnChipBufferError(
+                f"buffer {buffer!r} is already held in {self.name} ({self._live[buffer]} bytes): free it "
+                f"before holding it again, or give the second one its own name")
         self._live[buffer] = nbytes
         live_bytes = self.live_bytes
         if self.capacity_bytes is not None and live_bytes > self.capacity_bytes:
@@ -283,6 +406,10 @@ class OnChipScope:
             self.log.add("hold", buffer, nbytes, self.name)
 
     def release(self, buffer: str) -> None:
+        if buffer not in self._live:
+            raise OnChipBufferError(
+                f"cannot free buffer {buffer!r}: {self.name} does not hold it "
+                f"(held: {', '.join(self._live) or 'nothing'})")
         nbytes = self._live.pop(buffer)
         if self.log is not None:
             self.log.add("release", buffer, nbytes, self.name)
@@ -317,9 +444,13 @@ class SRAM:
         self.shared = OnChipScope("shared memory", self.capacity_bytes, self.log)
         self.registers = OnChipScope("registers", None, self.log)
 
-    def load(self, buffer: str, hbm: HBM, tensor: str, index: tuple) -> np.ndarray:
-        """Copy a tile from HBM into shared-memory buffer `buffer`; returns it as float32."""
-        tile = hbm.read(tensor, index)
+    def load(self, buffer: str, hbm: HBM | TiledHBM, tensor: str, index: tuple) -> np.ndarray:
+        """Copy a tile from HBM into shared-memory buffer `buffer`; returns it as float32.
+
+        The way a tiled kernel brings a tile on chip: the read is counted and the tile held (and
+        capacity-checked) in one call."""
+        self._check_free(buffer, self.registers)
+        tile = hbm._fetch(tensor, index)
         self.shared.hold(buffer, tile.size * hbm.itemsize(tensor))
         return tile
 
@@ -329,17 +460,31 @@ class SRAM:
 
     def alloc(self, buffer: str, shape: tuple[int, ...], dtype: np.dtype) -> None:
         """Reserve a shared-memory buffer for an intermediate that never leaves the chip."""
+        self._check_free(buffer, self.registers)
         self.shared.hold(buffer, math.prod(shape) * np.dtype(dtype).itemsize)
 
     def state(self, buffer: str, shape: tuple[int, ...], fill: float) -> np.ndarray:
         """A float32 register-held state array (m, l, a), initialised to `fill`."""
+        self._check_free(buffer, self.shared)
         self.registers.hold(buffer, math.prod(shape) * STATE_DTYPE.itemsize)
         return np.full(shape, fill, dtype=STATE_DTYPE)
 
     def free(self, *buffers: str) -> None:
         for buffer in buffers:
+            if not (self.shared.holds(buffer) or self.registers.holds(buffer)):
+                held = [*self.shared._live, *self.registers._live]
+                raise OnChipBufferError(
+                    f"cannot free buffer {buffer!r}: it is not held in shared memory or registers "
+                    f"(held: {', '.join(held) or 'nothing'})")
             scope = self.shared if self.shared.holds(buffer) else self.registers
             scope.release(buffer)
+
+    @staticmethod
+    def _check_free(buffer: str, other: OnChipScope) -> None:
+        """One name, one buffer: a name held in the other scope cannot be held here too."""
+        if other.holds(buffer):
+            raise OnChipBufferError(f"buffer {buffer!r} is already held in {other.name}: free it first, "
+                                    f"or give the second one its own name")
 
     def statistics(self) -> OnChipStats:
         return OnChipStats(self.shared.statistics(), self.registers.statistics())
@@ -379,7 +524,7 @@ class SimulatedGPU:
     With `log`, every transfer, buffer hold/release and matmul is also recorded as a MemoryEvent.
     """
 
-    hbm: HBM
+    hbm: HBM | TiledHBM  # a CTA view (for_cta) is the TiledHBM of the shared HBM
     sram: SRAM
     compute: Compute
     log: EventLog | None = None
@@ -406,7 +551,7 @@ class SimulatedGPU:
         together each hold their tiles). `statistics()` reports the largest CTA's occupancy."""
         sram = SRAM(self.sram.capacity_bytes, self.log)
         self._cta_srams.append(sram)
-        return SimulatedGPU(self.hbm, sram, self.compute, self.log)
+        return SimulatedGPU(self.hbm.tiled_view(), sram, self.compute, self.log)
 
     def on_chip_statistics(self) -> OnChipStats:
         """Peak on-chip occupancy of the largest CTA (each CTA has its own shared memory and registers)."""

@@ -6,7 +6,7 @@ import pytest
 
 import simflash as sf
 from simflash.config import KiB
-from simflash.memory import HBM, SRAM, SimulatedGPU
+from simflash.memory import HBM, SRAM, DirectReadError, OnChipBufferError, SimulatedGPU
 
 
 def test_hbm_counts_every_byte_by_kernel_tensor_and_direction():
@@ -147,3 +147,111 @@ def test_stats_trace_leaves_out_the_accumulator():
 def test_simulated_gpu_build_shares_one_event_log():
     gpu = SimulatedGPU.build(sram_bytes=1024, record_events=True)
     assert gpu.hbm.log is gpu.sram.log is gpu.compute.log is gpu.log
+
+
+# -- the memory model refuses misuse (issue 11, item 6): each test fails without its check
+
+
+def _hbm_with_y():
+    hbm = HBM()
+    hbm.allocate("Y", (2, 4, 3), np.float32, poison=False)
+    hbm.inspect("Y")[...] = 0.0
+    return hbm
+
+
+@pytest.mark.parametrize("index", [(0, [0, 2]), (0, np.array([1, 3])), (np.zeros((2, 4), dtype=bool),), (0, True)])
+def test_write_through_an_advanced_index_is_refused_not_counted(index):
+    """NumPy's advanced indexing selects a copy: the old write counted bytes and stored nothing."""
+    hbm = _hbm_with_y()
+    with hbm.kernel("k"), pytest.raises(TypeError, match=r"index into 'Y' must be basic .* at position"):
+        hbm.write("Y", index, 1.0)
+    with hbm.kernel("k"), pytest.raises(TypeError, match="index into 'Y' must be basic"):
+        hbm.write_where("Y", np.ones((2, 3)), None, index=index)
+    assert hbm.traffic().total_bytes == 0 and not hbm.inspect("Y").any()
+
+
+def test_basic_index_writes_store_what_they_count():
+    hbm = _hbm_with_y()
+    with hbm.kernel("k"):
+        hbm.write("Y", (1, slice(1, 3)), np.full((2, 3), 7.0))
+        hbm.write("Y", 0, 2.0)  # a bare int is a basic index too
+    assert hbm.traffic().ledger[("k", "Y")] == sf.Flow(0, (6 + 12) * 4)
+    assert (hbm.inspect("Y")[1, 1:3] == 7).all() and (hbm.inspect("Y")[0] == 2).all()
+
+
+def test_written_values_must_have_the_blocks_shape():
+    """write_where(..., None) used to broadcast any shape and count the block's old size."""
+    hbm = _hbm_with_y()
+    with hbm.kernel("k"):
+        with pytest.raises(ValueError, match=r"values written to 'Y' must have the selected block's shape \(4, 3\)"):
+            hbm.write_where("Y", np.ones((1, 3)), None, index=(0,))
+        with pytest.raises(ValueError, match=r"selected block's shape \(4, 3\).*got shape \(4,\)"):
+            hbm.write_where("Y", np.ones(4), np.ones((4, 3), dtype=bool), index=(0,))
+        with pytest.raises(ValueError, match=r"must have the selected block's shape \(2, 3\) \(or be a scalar\)"):
+            hbm.write("Y", (0, slice(0, 2)), np.ones((3,)))
+        with pytest.raises(ValueError, match=r"stored \(the mask for 'Y'\) must broadcast .* \(4, 3\), got shape \(5,\)"):
+            hbm.write_where("Y", np.ones((4, 3)), np.ones(5, dtype=bool), index=(0,))
+        with pytest.raises(ValueError, match=r"stored \(the mask for 'Y'\) must be a boolean array or None"):
+            hbm.read_where("Y", np.ones((4, 3)), fill=0.0, index=(0,))
+        hbm.write_where("Y", np.ones((4, 3)), np.array([True, False, True]), index=(1,))  # a broadcast mask counts 8
+    assert hbm.traffic().ledger[("k", "Y")] == sf.Flow(0, 8 * 4)
+    assert hbm.inspect("Y")[1].sum() == 8
+
+
+def test_unknown_tensor_is_named():
+    with HBM().kernel("k"), pytest.raises(KeyError, match="no tensor 'Z' in HBM"):
+        HBM().read("Z")
+
+
+def test_holding_a_live_buffer_name_again_is_refused():
+    """The old hold silently replaced the first buffer: its bytes vanished from the live count."""
+    sram = SRAM(capacity_bytes=10 * KiB)
+    sram.alloc("A", (1024,), np.float32)
+    with pytest.raises(OnChipBufferError, match=r"buffer 'A' is already held in shared memory \(4096 bytes\)"):
+        sram.alloc("A", (16,), np.float32)
+    with pytest.raises(OnChipBufferError, match="buffer 'A' is already held in shared memory"):
+        sram.state("A", (4,), 0.0)
+    sram.state("m", (4,), 0.0)
+    with pytest.raises(OnChipBufferError, match="buffer 'm' is already held in registers"):
+        sram.alloc("m", (4,), np.float32)
+    assert sram.shared.live_bytes == 4 * KiB
+    sram.free("A")
+    sram.alloc("A", (16,), np.float32)  # free first, then the name can be held again
+
+
+def test_freeing_an_unknown_buffer_names_it_and_what_is_held():
+    sram = SRAM(capacity_bytes=10 * KiB)
+    sram.alloc("K_j", (8,), np.float16)
+    with pytest.raises(OnChipBufferError, match=r"cannot free buffer 'V_j'.*\(held: K_j\)"):
+        sram.free("V_j")
+    sram.free("K_j")
+    with pytest.raises(OnChipBufferError, match=r"cannot free buffer 'K_j'.*\(held: nothing\)"):
+        sram.free("K_j")
+
+
+def test_tiles_land_on_chip_only_through_sram_load():
+    """A CTA of a tiled kernel cannot read HBM around the SRAM: what it reads, it holds, and the
+    capacity check sees it. sram.load through the same view works and holds the tile."""
+    gpu = SimulatedGPU.build(sram_bytes=1 * KiB)
+    gpu.hbm.place("K", np.ones((1, 64, 8)), np.float16)
+    cta = gpu.for_cta((0, 0))
+    with cta.hbm.kernel("k"):
+        with pytest.raises(DirectReadError, match=r"hbm.read\('K', ...\).*sram.load\(buffer, hbm, 'K'"):
+            cta.hbm.read("K", (0, slice(0, 64)))
+        with pytest.raises(DirectReadError, match="sram.load"):
+            cta.hbm.read_where("K", None, fill=0.0)
+        assert cta.sram.load("K_j", cta.hbm, "K", (0, slice(0, 32))).shape == (32, 8)  # 512 B held
+        with pytest.raises(sf.SRAMOverflowError, match="K_j 0.5 KiB, V_j 1 KiB = 1.5 KiB > capacity 1 KiB"):
+            cta.sram.load("V_j", cta.hbm, "K", (0, slice(0, 64)))
+        cta.hbm.write("K", (0, slice(0, 2)), np.zeros((2, 8)))  # writes pass through to the shared HBM
+    assert gpu.hbm.traffic().ledger[("k", "K")] == sf.Flow(32 * 8 * 2 + 64 * 8 * 2, 2 * 8 * 2)
+    assert cta.sram.statistics().shared.peak_bytes == 512
+
+
+def test_tiled_runs_with_an_l2_go_through_the_view():
+    """The L2 hook and the float32 twins still work behind the CTA view (the whole-chip path)."""
+    rng = np.random.default_rng(6)
+    q, k, v = (rng.standard_normal((2, 64, 16)) for _ in range(3))
+    run = sf.flash_attention(q, k, v, 16, 16, cache="cold")
+    assert run.traffic == sf.model.flash_traffic(64, 16, 16, 16).times(2)
+    assert sum(f.dram_read_bytes for f in run.physical.ledger.values()) > 0

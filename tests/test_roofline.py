@@ -143,3 +143,49 @@ def test_cli_list_forms_and_errors():
     assert bad.exit_code == 2 and "expected integers" in bad.output
     stray = runner.invoke(app, ["roofline", "128"], env=WIDE)
     assert stray.exit_code == 2 and "unexpected argument" in stray.output
+
+
+# -- the roofline lecture read two ways (issue 11, item 8)
+
+
+@pytest.mark.parametrize(("d", "text_says"), [(64, 128), (128, 256)])
+def test_lecture_text_and_code_readings_of_naive_intensity(d, text_says):
+    from simflash.model.roofline import naive_intensity_readings
+
+    n = 32768
+    readings = naive_intensity_readings(d, n)
+    text, code = readings.readings
+    assert (text.source, code.source) == ("lecture text", "lecture code")
+    assert text.value == text_says  # "I ≈ 128" (d = 64), "I ≈ 256" (d = 128): 4 N^2 d over N^2 x 2 bytes
+    assert code.value == 4 * n * n * d / lecture_naive_bytes(n, d)  # the lecture's own naive_attention_bytes
+    assert code.value == pytest.approx(d / 2, rel=0.01)
+    assert f"{text.value:.1f}" in readings.note and f"{code.value:.1f}" in readings.note
+    assert "simflash's tables use the code's count" in readings.note
+
+
+def test_lecture_a100_bandwidth_against_the_lesson():
+    from simflash.model.roofline import lecture_readings, lecture_ridge_readings
+
+    a100 = lecture_ridge_readings("A100")
+    lecture, table = a100.readings
+    assert lecture.value == 312e12 / 2.0e12 == 156  # the lecture's table: ~156
+    assert table.value == sf.GPUS["A100"].peak_flops["bfloat16"] / 2.039e12  # the lesson: ≈ 153
+    assert round(table.value) == 153
+    assert "2.0 TB/s" in a100.note and "2.039 TB/s" in a100.note and "ridge 156 vs 153" in a100.note
+    assert lecture_ridge_readings("H100") is None  # the lecture and the spec table agree there
+    assert [t.quantity for t in lecture_readings()] == [
+        "naive I at d=64", "naive I at d=128", "A100 HBM ridge (bfloat16)"]
+
+
+def test_roofline_command_shows_both_readings_with_notes():
+    result = runner.invoke(app, ["roofline", "--gpu", "H100", "--d", "64", "--n", "4096"], env=WIDE)
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "The roofline lecture read two ways" in out
+    code_64 = 4 * 4096**2 * 64 / lecture_naive_bytes(4096, 64)
+    code_128 = 4 * 4096**2 * 128 / lecture_naive_bytes(4096, 128)
+    for value in ("128.0", f"{code_64:.1f}", "256.0", f"{code_128:.1f}", "156.0", "153.0"):
+        assert value in out
+    assert "2.0 TB/s" in out and "2.039 TB/s" in out
+    assert out.count("Note: ") == 3
+    assert "d=128: lecture text I = 256.0 is below H100 SXM's ridge 295" in out

@@ -20,13 +20,16 @@ from simflash.model.footprint import fused_footprints, intermediate_footprints, 
 from simflash.model.report import builtin_scenarios, load_scenario, render_report
 from simflash.model.roofline import (
     INTENSITY_MODELS,
+    LECTURE_DTYPE,
     SWEEP_N,
     conclusion,
     crossings_by_d,
     gpu_roofs,
     intensity_table,
+    lecture_readings,
     plot_roofline,
     roof,
+    verdicts,
 )
 from simflash.model.sweep import (
     CONDITIONS,
@@ -115,6 +118,9 @@ def roofline(
         rows = intensity_table(_ints("n", lists["n"]), _ints("d", lists["d"]), dtype, block_q, block_kv, variant)
         chosen = roof(gpu, dtype)
         roofs = gpu_roofs(dtype)
+        lecture_n = max(row.n for row in rows)
+        readings = lecture_readings((64, 128), lecture_n)
+        lecture_roof = roof(gpu, LECTURE_DTYPE)
         path = plot_roofline(plot, gpu, plot_d, dtype, block_q=block_q, block_kv=block_kv,
                              variant=variant) if plot else None
 
@@ -140,6 +146,16 @@ def roofline(
                             for name, m in INTENSITY_MODELS.items())
         console.print(f"  {r.name} (HBM ridge {r.ridge('HBM'):.0f}, L2 ridge {r.ridge('L2'):.0f}): {phrases}.")
     console.print(f"\nConclusion: {conclusion(rows, chosen)}")
+    _print_table(
+        console,
+        f"\nThe roofline lecture read two ways ({LECTURE_DTYPE}, as the lecture; both readings computed)",
+        ("quantity", "source", "how", "value"),
+        [(t.quantity, r.source, r.how, f"{r.value:.1f}") for t in readings for r in t.readings], left=3,
+    )
+    for t in readings:
+        console.print(f"Note: {t.note}")
+    for d_lecture in (64, 128):
+        console.print(f"  d={d_lecture}: {verdicts(d_lecture, lecture_roof, lecture_n)}.")
     if path is not None:
         console.print(f"Plot written to {path}")
 

@@ -184,6 +184,91 @@ def conclusion(rows: Sequence[IntensityRow], gpu_roof: Roof) -> str:
     return f"{first} {second}"
 
 
+# -- The roofline lecture read two ways: its text against its own code (issue 11, item 8)
+
+# The lecture's GPU table as its code writes it (`GPUS`: name -> (peak bf16 FLOP/s, HBM bytes/s)):
+# inputs quoted from the document, as QUOTED_FLOP_SHARE is in amdahl.py, so its ridges can be computed.
+LECTURE_GPUS: dict[str, tuple[float, float]] = {"A100": (312e12, 2.0e12), "H100": (989e12, 3.35e12),
+                                               "H200": (989e12, 4.8e12)}
+LECTURE_DTYPE = "bfloat16"  # the lecture's head_dim=..., dtype=bf16
+
+
+@attrs.frozen
+class Reading:
+    """One of a document's two readings of the same quantity: where it comes from and its value."""
+
+    source: str  # e.g. "lecture text", "lecture code", "spec table"
+    how: str  # how the value is obtained
+    value: float
+
+
+@attrs.frozen
+class TwoReadings:
+    """A quantity the documents state two ways, both computed, with a note saying which simflash uses."""
+
+    quantity: str
+    readings: tuple[Reading, Reading]
+    note: str
+
+
+def _tb(bytes_per_s: float) -> str:
+    """TB/s as the documents write them: 2.0, 2.039, 3.35."""
+    text = f"{bytes_per_s / 1e12:g}"
+    return text if "." in text else f"{text}.0"
+
+
+def naive_intensity_readings(d: int, n: int = SWEEP_N[-1], dtype: str = LECTURE_DTYPE) -> TwoReadings:
+    """Naive attention's intensity as the lecture's text reads it (4 N^2 d FLOPs over one pass of an
+    N x N matrix, = 4 d / itemsize: 128 at d = 64 in bf16) and as its code counts it
+    (`naive_attention_bytes`: S written, P read and written, P read again, plus Q, K, V, O: about d / 2)."""
+    d, n = check_positive_int("d", d), check_positive_int("n", n)
+    itemsize = storage_dtype(dtype).itemsize
+    flops = attention_flops(n, d)
+    text = Reading("lecture text", f"4 N^2 d / (N^2 x {itemsize} B): one pass over one N x N matrix",
+                   flops / (n * n * itemsize))
+    code = Reading("lecture code", f"naive_attention_bytes: 4 passes over N x N (S w, P r+w, P r) + Q, K, V, O; N={n}",
+                   intensity_row(n, d, dtype).intensity("naive"))
+    ratio = text.value / code.value
+    note = (f"d={d}: the text's I = {text.value:.1f} divides the FLOPs by one N x N matrix in {dtype}; the code "
+            f"(and simflash) moves four, so I = {code.value:.1f}, {ratio:.2f}x lower (about d/2 = {d / 2:g}). "
+            f"simflash's tables use the code's count.")
+    return TwoReadings(f"naive I at d={d}", (text, code), note)
+
+
+def lecture_ridge_readings(gpu: str) -> TwoReadings | None:
+    """A GPU's ridge from the lecture's (peak, bandwidth) and from simflash's spec table (the lesson's
+    sources), in the lecture's bf16; None when the two use the same figures or the lecture omits the GPU."""
+    if gpu not in LECTURE_GPUS:
+        return None
+    peak, bandwidth = LECTURE_GPUS[gpu]
+    spec = roof(gpu, LECTURE_DTYPE)
+    if (peak, bandwidth) == (spec.peak_flops, spec.bytes_per_s["HBM"]):
+        return None
+    lecture = Reading("lecture table and code", f"{peak / 1e12:g} TFLOP/s / {_tb(bandwidth)} TB/s",
+                      peak / bandwidth)
+    table = Reading("spec table (the lesson's sources)",
+                    f"{spec.peak_flops / 1e12:g} TFLOP/s / {_tb(spec.bytes_per_s['HBM'])} TB/s", spec.ridge())
+    note = (f"{spec.name}: the roofline lecture uses {_tb(bandwidth)} TB/s, the lesson and the datasheet "
+            f"{_tb(spec.bytes_per_s['HBM'])} TB/s; ridge {lecture.value:.0f} vs {table.value:.0f} FLOP/byte. "
+            f"simflash uses the spec table.")
+    return TwoReadings(f"{gpu} HBM ridge ({LECTURE_DTYPE})", (lecture, table), note)
+
+
+def lecture_readings(ds: Iterable[int] = (64, 128), n: int = SWEEP_N[-1],
+                     dtype: str = LECTURE_DTYPE) -> list[TwoReadings]:
+    """Every place the roofline lecture's text and code (or the lesson) disagree, both readings computed."""
+    found = [naive_intensity_readings(d, n, dtype) for d in positive_ints("ds", ds)]
+    return found + [r for r in (lecture_ridge_readings(gpu) for gpu in LECTURE_GPUS) if r is not None]
+
+
+def verdicts(d: int, gpu_roof: Roof, n: int = SWEEP_N[-1]) -> str:
+    """Where each reading of naive I at `d` lies against a GPU's HBM ridge, in words."""
+    readings = naive_intensity_readings(d, n, gpu_roof.dtype).readings
+    ridge = gpu_roof.ridge()
+    return "; ".join(f"{r.source} I = {r.value:.1f} is {'below' if r.value < ridge else 'at or above'} "
+                     f"{gpu_roof.name}'s ridge {ridge:.0f}" for r in readings)
+
+
 def save_figure(fig: Figure, path: str | pathlib.Path) -> pathlib.Path:
     """Write a figure as PNG or SVG, chosen by the file suffix."""
     path = pathlib.Path(path)
