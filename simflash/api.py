@@ -50,6 +50,7 @@ class RunConfig:
     sram_bytes: int | None = None
     schedule: str = "sequential"
     cache: str | None = None
+    o_accum_dtype: str = "storage"  # FA-1: the running O in HBM in the storage dtype or in float32
 
 
 @attrs.frozen(eq=False)
@@ -64,7 +65,7 @@ class Run:
     on_chip: OnChipStats | None = None  # peak SRAM and register occupancy (tiled algorithms)
     logsumexp: np.ndarray | None = None  # float32, shape q.shape[:-1], when write_logsumexp=True
     events: tuple[MemoryEvent, ...] = ()  # every transfer, hold and matmul, when record_events=True
-    flops_by_kind: dict[str, int] = attrs.field(factory=dict)  # tensor (= flops), exp, fp32
+    flops_by_kind: dict[str, int] = attrs.field(factory=dict)  # tensor (= flops), exp, fp32, div
     physical: PhysicalTraffic | None = None  # what the L2 let through to DRAM, when cache is set
 
 
@@ -140,10 +141,11 @@ class _FlashSetup:
 def _flash_setup(
     q, k, v, *, block_q, block_kv, causal, causal_variant, scale, dtype, variant,
     trace, trace_heads, trace_tiles, trace_budget, write_logsumexp, gpu, sram_bytes, record_events,
-    schedule="sequential", cache=None,
+    schedule="sequential", cache=None, o_accum_dtype="storage",
 ) -> _FlashSetup:
     if variant not in FLASH_ALGORITHMS:
         raise ValueError(f"variant must be one of {sorted(FLASH_ALGORITHMS)}, got {variant!r}")
+    check_o_accum_dtype(variant, o_accum_dtype)
     Q, K, V, scale = prepare_inputs(q, k, v, dtype, scale, causal_variant)
     block_q = check_positive_int("block_q", block_q)
     block_kv = check_positive_int("block_kv", block_kv)
@@ -153,7 +155,7 @@ def _flash_setup(
     check_schedule(schedule)
     machine, capacity = _simulated_gpu(gpu, sram_bytes, record_events, cache)
     config = RunConfig(variant, heads, n_q, sched.n_kv, d, dtype, scale, bool(causal), causal_variant,
-                       block_q, block_kv, bool(write_logsumexp), gpu, capacity, schedule, cache)
+                       block_q, block_kv, bool(write_logsumexp), gpu, capacity, schedule, cache, o_accum_dtype)
     machine.hbm.place("Q", Q, Q.dtype)
     machine.hbm.place("K", K, K.dtype)
     machine.hbm.place("V", V, V.dtype)
@@ -163,27 +165,42 @@ def _flash_setup(
     return _FlashSetup(machine, sched, request, config, np.shape(q))
 
 
+def check_o_accum_dtype(variant: str, o_accum_dtype: object) -> str:
+    """The dtype `variant` keeps its running output in between KV tiles: one it supports."""
+    allowed = FLASH_ALGORITHMS[variant].o_accum_dtypes
+    if o_accum_dtype not in allowed:
+        raise ValueError(f"o_accum_dtype must be one of {allowed} for variant {variant!r}, got {o_accum_dtype!r}"
+                         + ("" if len(allowed) > 1 else
+                            f" ({variant} keeps its accumulator on chip; o_accum_dtype applies to variant='fa1')"))
+    return o_accum_dtype
+
+
 def run_tiled(
     machine: SimulatedGPU, variant: str, sched: TileSchedule, scale: float, trace: TraceRequest | None = None,
-    *, write_logsumexp: bool = False, slots: int = 1, longest_first: bool = False,
+    *, write_logsumexp: bool = False, slots: int = 1, longest_first: bool = False, o_accum_dtype: str = "storage",
 ) -> Iterator[TileStep]:
     """Run every CTA of a registered tiled algorithm on `machine`, as one kernel; yield the traced steps.
 
     Q, K, V (heads, n, d) and O must be in HBM already, and L when write_logsumexp; the per-row
     statistics the algorithm keeps in HBM (its `row_state`) are allocated here. Each CTA runs on its
     own SRAM (`machine.for_cta`), `slots` of them resident at a time (1: one after another, in
-    launch order).
+    launch order). An algorithm's other HBM tensors are allocated by its `allocate`; the finished
+    output is then in `FLASH_ALGORITHMS[variant].output(o_accum_dtype)` ("O" unless FA-1 keeps O in float32).
     """
     algorithm = FLASH_ALGORITHMS[variant]
+    check_o_accum_dtype(variant, o_accum_dtype)
     request = TraceRequest("none") if trace is None else trace
     heads, n_q = machine.hbm.shape("Q")[:2]
     for name in algorithm.row_state:
         machine.hbm.allocate(name, (heads, n_q), STATE_DTYPE)
+    options = {"write_logsumexp": write_logsumexp}
+    if algorithm.allocate is not None:
+        algorithm.allocate(machine.hbm, o_accum_dtype)
+        options["o_accum_dtype"] = o_accum_dtype
 
     def body(cta):
         cta_gpu = machine.for_cta(cta.index)
-        return _attributed(cta_gpu, cta.index, algorithm.cta(cta_gpu, sched, scale, request, cta,
-                                                             write_logsumexp=write_logsumexp))
+        return _attributed(cta_gpu, cta.index, algorithm.cta(cta_gpu, sched, scale, request, cta, **options))
 
     ctas = algorithm.grid(sched, heads, longest_first=longest_first)
     with machine.hbm.kernel(algorithm.kernel):
@@ -193,7 +210,7 @@ def run_tiled(
 def _trace_config(config: RunConfig) -> dict[str, Any]:
     """A run's config as its trace records it: schedule and cache only where they are not the defaults,
     so the traces of sequential runs without an L2 read as they always have."""
-    defaults = {"schedule": "sequential", "cache": None}
+    defaults = {"schedule": "sequential", "cache": None, "o_accum_dtype": "storage"}
     return {k: v for k, v in attrs.asdict(config).items() if k not in defaults or v != defaults[k]}
 
 
@@ -207,9 +224,10 @@ def _flash_steps(setup: _FlashSetup) -> Generator[TileStep, None, Run]:
         machine.hbm.l2.flush()
     yield from run_tiled(machine, config.algorithm, sched, config.scale, setup.request,
                          write_logsumexp=config.write_logsumexp, slots=slots,
-                         longest_first=concurrent and profile.longest_first)
+                         longest_first=concurrent and profile.longest_first, o_accum_dtype=config.o_accum_dtype)
+    output = FLASH_ALGORITHMS[config.algorithm].output(config.o_accum_dtype)
     return Run(
-        out=machine.hbm.inspect("O").reshape(setup.q_shape),
+        out=machine.hbm.inspect(output).reshape(setup.q_shape),
         traffic=machine.hbm.traffic(),
         flops=machine.compute.flops,
         trace=Trace(setup.request.level, (), _trace_config(config)),
@@ -242,7 +260,7 @@ def flash_attention(
     variant: str = "fa2", trace: str = "stats", *, trace_heads: Iterable[int] | None = None,
     trace_tiles: Iterable[int] | None = None, write_logsumexp: bool = False,
     gpu: str = DEFAULT_GPU, sram_bytes: int | None = None, record_events: bool = False,
-    schedule: str = "sequential", cache: str | None = None,
+    schedule: str = "sequential", cache: str | None = None, o_accum_dtype: str = "storage",
 ) -> Run:
     """Tiled attention on the simulated GPU. q: (..., n_q, d); k, v: (..., n_kv, d).
 
@@ -254,13 +272,17 @@ def flash_attention(
     schedule: "sequential" (one CTA after another) or "concurrent" (the CTAs resident on `gpu` in
     lock-step, in launch order); outputs and the ledger are the same. cache: "cold" or "warm" passes
     every transfer through `gpu`'s L2 model and reports `run.physical` (DRAM and L2 bytes).
+    o_accum_dtype (variant="fa1" only): "storage" keeps the running O in HBM in `dtype`, as the paper
+    reads; "float32" keeps it in float32, as the released FA-1 kernel did (twice O's round-trip bytes,
+    still ledger tensor "O"), and a last pass reads it once more and writes `run.out` in `dtype` as
+    the ledger tensor "out".
     """
     setup = _flash_setup(
         q, k, v, block_q=block_q, block_kv=block_kv, causal=causal, causal_variant=causal_variant,
         scale=scale, dtype=dtype, variant=variant, trace=trace, trace_heads=trace_heads,
         trace_tiles=trace_tiles, trace_budget=DEFAULT_TRACE_BUDGET_BYTES,
         write_logsumexp=write_logsumexp, gpu=gpu, sram_bytes=sram_bytes, record_events=record_events,
-        schedule=schedule, cache=cache,
+        schedule=schedule, cache=cache, o_accum_dtype=o_accum_dtype,
     )
     steps, run = _exhaust(_flash_steps(setup))
     return attrs.evolve(run, trace=attrs.evolve(run.trace, steps=tuple(steps)))

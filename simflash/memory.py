@@ -494,19 +494,23 @@ class SRAM:
 class Compute:
     """The chip's arithmetic, counted as it runs: matrix products on the tensor cores (2mnk FLOPs
     each, `flops`), and the elementwise work beside them: exponentials on the special-function
-    units (`exp_ops`) and other float32 operations (`fp32_flops`: scale, max, sum, rescale, divide)."""
+    units (`exp_ops`), divisions (`div_ops`: a float32 division is a reciprocal on the special-function
+    units and a multiply, so it is counted apart) and other float32 operations (`fp32_flops`: scale,
+    max, subtract, sum, rescale)."""
 
     flops: int = 0
     exp_ops: int = 0
     fp32_flops: int = 0
+    div_ops: int = 0
     log: EventLog | None = None
 
-    def elementwise(self, exp: int = 0, fp32: int = 0) -> None:
+    def elementwise(self, exp: int = 0, fp32: int = 0, div: int = 0) -> None:
         self.exp_ops += exp
         self.fp32_flops += fp32
+        self.div_ops += div
 
     def flops_by_kind(self) -> dict[str, int]:
-        return {"tensor": self.flops, "exp": self.exp_ops, "fp32": self.fp32_flops}
+        return {"tensor": self.flops, "exp": self.exp_ops, "fp32": self.fp32_flops, "div": self.div_ops}
 
     def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         product = a @ b

@@ -21,7 +21,12 @@ class TileStep:
     """The state of query tile `i` (head `head`) right after KV tile `j` was folded in.
 
     m, alpha, l are float32 arrays over the tile's rows (global rows `rows`); a is (rows, d), or
-    None in a "stats" trace. `masked` says whether the tile needed element masking.
+    None in a "stats" trace. `masked` says whether the tile needed element masking. alpha is
+    exp(m_old - m_new), the factor that moves the state kept so far onto the new running max.
+
+    Algorithms that keep tile-local statistics (FA-1's Algorithm 1) also record them: m_tile
+    (m~_ij = rowmax(S_ij)), l_tile (l~_ij = rowsum(exp(S_ij - m~_ij))) and beta (exp(m~_ij - m_new),
+    the factor that moves the tile onto the new max). The others leave them None.
     """
 
     head: int
@@ -33,6 +38,9 @@ class TileStep:
     alpha: np.ndarray
     l: np.ndarray  # noqa: E741 (the paper's symbol)
     a: np.ndarray | None
+    m_tile: np.ndarray | None = None
+    l_tile: np.ndarray | None = None
+    beta: np.ndarray | None = None
 
     @property
     def rows(self) -> range:
@@ -90,8 +98,13 @@ class TraceRequest:
             and (self.tiles is None or i in self.tiles)
         )
 
-    def step(self, head, i, j, row_start, masked, m, alpha, l, a) -> TileStep:  # noqa: E741
+    def step(self, head, i, j, row_start, masked, m, alpha, l, a, *, m_tile=None, l_tile=None,  # noqa: E741
+             beta=None) -> TileStep:
         """A snapshot of the live state (copies: the algorithm goes on updating its arrays)."""
+
+        def optional(x):
+            return None if x is None else np.asarray(x, dtype=STATE_DTYPE).copy()
+
         return TileStep(
             head=head,
             i=i,
@@ -102,6 +115,9 @@ class TraceRequest:
             alpha=np.asarray(alpha, dtype=STATE_DTYPE).copy(),
             l=l.copy(),
             a=a.copy() if self.level == "full" else None,
+            m_tile=optional(m_tile),
+            l_tile=optional(l_tile),
+            beta=optional(beta),
         )
 
 

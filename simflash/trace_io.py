@@ -4,6 +4,9 @@
   one line per TileStep. Human-readable and diff-friendly. Floats are the exact float32 values
   written as decimal float64, so a round trip is lossless; non-finite values (m = -inf for a row
   that has seen no key yet) are written as the strings "-inf", "inf", "nan" to keep the JSON strict.
+- Optional per-row fields (`OPTIONAL_FIELDS`: FA-1's tile-local m_tile, l_tile and its second factor
+  beta) are written only by traces that hold them, as JSON keys or NPZ arrays of the same name;
+  files without them (every FA-2 trace, files written before they existed) load with them None.
 - NPZ (`.npz`): the same content as plain arrays, one row of state per array row; it loads with
   `allow_pickle=False`.
 - Perfetto (`.perfetto.json`): a Chrome Trace Event JSON timeline of a run's MemoryEvents, which the
@@ -35,6 +38,7 @@ SCHEMA_VERSION = 1
 FORMATS = ("json", "npz", "perfetto")
 STEP_FIELDS = ("head", "i", "j", "row_start", "masked", "m", "alpha", "l", "a")
 INDEX_FIELDS = ("head", "i", "j", "row_start")
+OPTIONAL_FIELDS = ("m_tile", "l_tile", "beta")  # per-row float32, present or None (see TileStep)
 NON_FINITE = ("-inf", "inf", "nan")  # how JSON files spell the floats strict JSON has no numbers for
 
 # Perfetto's axis is in microseconds: every MemoryEvent gets TICK_US of it, in `seq` order. A slice
@@ -114,6 +118,7 @@ def step_dict(step: TileStep) -> dict:
         "head": step.head, "i": step.i, "j": step.j, "row_start": step.row_start, "masked": step.masked,
         "m": _float_list(step.m), "alpha": _float_list(step.alpha), "l": _float_list(step.l),
         "a": None if step.a is None else [_float_list(row) for row in step.a],
+        **{k: _float_list(getattr(step, k)) for k in OPTIONAL_FIELDS if getattr(step, k) is not None},
     }
 
 
@@ -177,8 +182,9 @@ def trace_from_json(doc: Any, path: Path = Path("<trace>")) -> Trace:
     steps = []
     for n, raw in enumerate(raw_steps):
         where = f"steps[{n}]"
-        if not isinstance(raw, Mapping) or set(raw) != set(STEP_FIELDS):
-            raise TraceFileError(f"{path}: {where} must be an object with the fields {STEP_FIELDS}")
+        if not isinstance(raw, Mapping) or not set(STEP_FIELDS) <= set(raw) <= {*STEP_FIELDS, *OPTIONAL_FIELDS}:
+            raise TraceFileError(f"{path}: {where} must be an object with the fields {STEP_FIELDS} "
+                                 f"(and optionally {OPTIONAL_FIELDS})")
         if not isinstance(raw["masked"], bool):
             raise TraceFileError(f"{path}: {where}.masked must be true or false, got {raw['masked']!r}")
         m, alpha, l = (_floats(raw[k], f"{where}.{k}", path) for k in ("m", "alpha", "l"))  # noqa: E741
@@ -190,13 +196,16 @@ def trace_from_json(doc: Any, path: Path = Path("<trace>")) -> Trace:
             if len({row.size for row in rows}) > 1:
                 raise TraceFileError(f"{path}: {where}.a has rows of different lengths")
             a = np.array(rows, dtype=STATE_DTYPE).reshape(len(rows), rows[0].size if rows else 0)
+        optional = {k: _floats(raw[k], f"{where}.{k}", path) for k in OPTIONAL_FIELDS if k in raw}
         steps.append(_checked_step(
             path, where, level, *(_index(raw, k, where, path) for k in INDEX_FIELDS), raw["masked"], m, alpha, l, a,
+            **optional,
         ))
     return Trace(level, tuple(steps), dict(config))
 
 
-def _checked_step(path, where, level, head, i, j, row_start, masked, m, alpha, l, a) -> TileStep:  # noqa: E741
+def _checked_step(path, where, level, head, i, j, row_start, masked, m, alpha, l, a,  # noqa: E741
+                  **optional: np.ndarray) -> TileStep:
     """A TileStep whose arrays agree with each other and with the trace level."""
     if level == "none":
         raise TraceFileError(f"{path}: a trace of level 'none' holds no steps, found {where}")
@@ -208,7 +217,10 @@ def _checked_step(path, where, level, head, i, j, row_start, masked, m, alpha, l
                              "accumulator a")
     if a is not None and (a.ndim != 2 or a.shape[0] != m.size or a.shape[1] == 0):
         raise TraceFileError(f"{path}: {where}: a must have shape (rows, d) with rows = {m.size}, got {a.shape}")
-    return TileStep(head=head, i=i, j=j, row_start=row_start, masked=masked, m=m, alpha=alpha, l=l, a=a)
+    for k, values in optional.items():
+        if values.shape != m.shape:
+            raise TraceFileError(f"{path}: {where}: {k} must hold {m.size} rows like m, got {values.size}")
+    return TileStep(head=head, i=i, j=j, row_start=row_start, masked=masked, m=m, alpha=alpha, l=l, a=a, **optional)
 
 
 # ----------------------------------------------------------------------------------------- NPZ
@@ -228,6 +240,9 @@ def trace_arrays(trace: Trace) -> dict[str, np.ndarray]:
     }
     for k in ("m", "alpha", "l"):
         arrays[k] = np.concatenate([getattr(s, k) for s in steps]) if steps else np.zeros(0, STATE_DTYPE)
+    for k in OPTIONAL_FIELDS:  # written when every step holds it
+        if steps and all(getattr(s, k) is not None for s in steps):
+            arrays[k] = np.concatenate([getattr(s, k) for s in steps])
     if trace.level == "full":
         arrays["a"] = np.concatenate([s.a for s in steps]) if steps else np.zeros((0, 0), STATE_DTYPE)
     return arrays
@@ -276,7 +291,8 @@ def trace_from_arrays(arrays: Mapping[str, np.ndarray], path: Path = Path("<trac
     level = header["level"]
     index = {k: _npz_array(arrays, k, "iu", 1, path) for k in (*INDEX_FIELDS, "rows")}
     masked = _npz_array(arrays, "masked", "b", 1, path)
-    state = {k: _npz_array(arrays, k, "f", 1, path) for k in ("m", "alpha", "l")}
+    state = {k: _npz_array(arrays, k, "f", 1, path) for k in ("m", "alpha", "l", *OPTIONAL_FIELDS)
+             if k in arrays or k not in OPTIONAL_FIELDS}
     a = _npz_array(arrays, "a", "f", 2, path) if level == "full" else None
     count = masked.size
     if any(array.size != count for array in index.values()) or (index["rows"] < 1).any():
@@ -293,6 +309,7 @@ def trace_from_arrays(arrays: Mapping[str, np.ndarray], path: Path = Path("<trac
         steps.append(_checked_step(
             path, f"step {n}", level, *(int(index[k][n]) for k in INDEX_FIELDS), bool(masked[n]),
             *(state[k][rows].copy() for k in ("m", "alpha", "l")), None if a is None else a[rows].copy(),
+            **{k: state[k][rows].copy() for k in OPTIONAL_FIELDS if k in state},
         ))
     return Trace(level, tuple(steps), config)
 
@@ -314,13 +331,13 @@ def trace_differences(expected: Trace, actual: Trace, rtol: float = 0.0, atol: f
     if len(expected) != len(actual):
         return [*problems, f"{len(actual)} steps != {len(expected)}"]
     for n, (want, got) in enumerate(zip(expected, actual)):
-        for name in STEP_FIELDS:
+        for name in (*STEP_FIELDS, *OPTIONAL_FIELDS):
             x, y = getattr(want, name), getattr(got, name)
             if isinstance(x, np.ndarray) and isinstance(y, np.ndarray):
                 same = (x.dtype == y.dtype and x.shape == y.shape
                         and np.allclose(y, x, rtol=rtol, atol=atol, equal_nan=True))
             else:
-                same = x is None and y is None if name == "a" else x == y
+                same = x is None and y is None if name in ("a", *OPTIONAL_FIELDS) else x == y
             if not same:
                 problems.append(f"step {n} (head {want.head}, i {want.i}, j {want.j}): {name} differs")
     return problems

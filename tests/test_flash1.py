@@ -40,19 +40,28 @@ def test_fa1_is_registered_with_its_closed_form():
     block_q=st.integers(1, 16), block_kv=st.integers(1, 16), heads=st.integers(1, 2),
     causal=st.booleans(), causal_variant=st.sampled_from(["upper_left", "lower_right"]),
     dtype=st.sampled_from(DTYPES), write_logsumexp=st.booleans(), seed=st.integers(0, 2**32 - 1),
+    o_accum_dtype=st.sampled_from(["storage", "float32"]),
 )
 def test_fa1_bytes_equal_closed_form_and_output_matches_reference(
-    n_q, n_kv, d, block_q, block_kv, heads, causal, causal_variant, dtype, write_logsumexp, seed
+    n_q, n_kv, d, block_q, block_kv, heads, causal, causal_variant, dtype, write_logsumexp, seed, o_accum_dtype
 ):
     q, k, v = random_qkv(seed, heads, n_q, n_kv, d)
     kw = dict(causal=causal, causal_variant=causal_variant, dtype=dtype)
     run = sf.flash_attention(q, k, v, block_q, block_kv, variant="fa1", trace="full",
-                             write_logsumexp=write_logsumexp, **kw)
+                             write_logsumexp=write_logsumexp, o_accum_dtype=o_accum_dtype, **kw)
 
-    # -- bytes: simulation == closed form, exactly, tensor by tensor
+    # -- bytes and FLOPs by kind: simulation == closed form, exactly, tensor by tensor
     model = sf.model.flash_traffic(n_q, d, block_q, block_kv, dtype, causal, "fa1", n_kv=n_kv, heads=heads,
-                                   causal_variant=causal_variant, write_logsumexp=write_logsumexp)
+                                   causal_variant=causal_variant, write_logsumexp=write_logsumexp,
+                                   o_accum_dtype=o_accum_dtype)
     assert dict(run.traffic.ledger) == dict(model.ledger)
+    assert run.flops_by_kind == sf.model.flops_by_kind(n_q, d, "fa1", causal, block_q, block_kv, n_kv=n_kv,
+                                                       heads=heads, causal_variant=causal_variant)
+    if o_accum_dtype == "float32":  # the final conversion, and nothing else, rounds to the storage dtype
+        o32 = np.zeros(run.out.shape, dtype=np.float32)
+        for step in run.trace:
+            o32[step.head, step.row_start:step.row_start + step.m.size] = step.a
+        np.testing.assert_array_equal(run.out, o32.astype(STORAGE_DTYPES[dtype]))
 
     # -- numerics: no NaN; float32 within the dtype's tolerance of float64. 16-bit storage: FA-1 does what FA-2
     # does (same tiles, same roundings of P) plus one thing, it stores its normalised O between KV tiles. So its
@@ -68,7 +77,8 @@ def test_fa1_bytes_equal_closed_form_and_output_matches_reference(
         fa2 = sf.flash_attention(q, k, v, block_q, block_kv, variant="fa2", trace="none", **kw)
         ulp = float(ml_dtypes.finfo(STORAGE_DTYPES[dtype]).eps)  # relative spacing of the storage dtype
         ref_norm = np.linalg.norm(ref) or 1.0
-        allowance = (np.linalg.norm(intermediate_rounding(run, dtype)) + ulp * np.linalg.norm(out)) / ref_norm
+        slack = intermediate_rounding(run, dtype) if o_accum_dtype == "storage" else 0.0  # float32 O: no rounding
+        allowance = (np.linalg.norm(slack) + ulp * np.linalg.norm(out)) / ref_norm
         assert error <= relative_error(fa2.out, ref) + allowance + 1e-6
 
     # -- the logsumexp, when asked for, agrees with FA-2's
@@ -112,8 +122,11 @@ def test_lesson_configuration_bytes_by_hand():
     by_tensor = sf.model.flash_traffic(n, d, variant="fa1").by_tensor
     assert by_tensor["Q"] == sf.Flow(read_bytes=T_c * head)
     assert by_tensor["K"] == by_tensor["V"] == sf.Flow(read_bytes=head)  # K and V read exactly once
-    assert by_tensor["O"] == sf.Flow(read_bytes=T_c * head, write_bytes=(1 + T_c) * head)  # init + per tile
-    assert by_tensor["l"] == by_tensor["m"] == sf.Flow(read_bytes=T_c * stats, write_bytes=(1 + T_c) * stats)
+    # the init write and the first tile's read of the known zeros are labelled "(init)"; then one round trip per tile
+    assert by_tensor["O (init)"] == sf.Flow(read_bytes=head, write_bytes=head)
+    assert by_tensor["O"] == sf.Flow(read_bytes=(T_c - 1) * head, write_bytes=T_c * head)
+    assert by_tensor["l (init)"] == by_tensor["m (init)"] == sf.Flow(read_bytes=stats, write_bytes=stats)
+    assert by_tensor["l"] == by_tensor["m"] == sf.Flow(read_bytes=(T_c - 1) * stats, write_bytes=T_c * stats)
     total = sf.model.flash_traffic(n, d, variant="fa1").total_bytes
     assert total == (3 * T_c + 3) * head + 2 * (2 * T_c + 1) * stats
     assert total / MiB > 3 * sf.model.flash_traffic(n, d, variant="fa2").total_bytes / MiB
@@ -137,22 +150,98 @@ def test_a_kv_tile_no_query_tile_visits_is_never_loaded():
     np.testing.assert_allclose(run.out.astype(np.float64), reference_attention(q, k, v, causal=True), atol=3e-3)
 
 
-def test_trace_holds_the_normalised_output_and_the_same_statistics_as_fa2():
+def algorithm_1_float64(q, k, v, block_q, block_kv, scale, visible):
+    """Algorithm 1 of the FA-1 paper, lines 10-12, in float64 with plain loops: for every visited (j, i),
+    (m~, l~, m_new, l_new, alpha, beta, O_new). No simflash code: tiles, mask and order built here."""
+    n_q, n_kv = visible.shape
+    O, l, m = np.zeros(q.shape), np.zeros(n_q), np.full(n_q, -np.inf)  # noqa: E741
+    steps = {}
+    for j0 in range(0, n_kv, block_kv):
+        cols = slice(j0, min(j0 + block_kv, n_kv))
+        for i0 in range(0, n_q, block_q):
+            rows = slice(i0, min(i0 + block_q, n_q))
+            S = np.where(visible[rows, cols], q[rows] @ k[cols].T * scale, -np.inf)
+            m_t = S.max(axis=1)
+            with np.errstate(invalid="ignore"):
+                P_t = np.nan_to_num(np.exp(S - m_t[:, None]))  # a row with no key here: all zeros
+            l_t = P_t.sum(axis=1)
+            m_new = np.maximum(m[rows], m_t)
+            with np.errstate(invalid="ignore"):
+                alpha = np.nan_to_num(np.exp(m[rows] - m_new))  # -inf - -inf: nothing seen yet, factor 0
+                beta = np.nan_to_num(np.exp(m_t - m_new))
+            l_new = alpha * l[rows] + beta * l_t
+            with np.errstate(invalid="ignore", divide="ignore"):
+                O_new = np.nan_to_num((l[rows, None] * alpha[:, None] * O[rows] + beta[:, None] * (P_t @ v[cols]))
+                                      / l_new[:, None])
+            steps[i0 // block_q, j0 // block_kv] = (m_t, l_t, m_new, l_new, alpha, beta, O_new)
+            O[rows], l[rows], m[rows] = O_new, l_new, m_new
+    return steps
+
+
+def test_trace_follows_algorithm_1_recomputed_in_float64():
+    """m~, l~, both factors, m_new, l_new and the normalised O_i of every step against an independent
+    float64 run of Algorithm 1's lines 10-12 on the same (float32) inputs."""
     q, k, v = random_qkv(2, 1, 12, 13, 5)
-    kw = dict(causal=True, causal_variant="lower_right", dtype="float32")
-    fa1 = sf.flash_attention(q, k, v, 4, 3, variant="fa1", trace="full", **kw)
-    fa2 = sf.flash_attention(q, k, v, 4, 3, variant="fa2", trace="full", **kw)
-    assert all(s.m.dtype == s.alpha.dtype == s.l.dtype == s.a.dtype == STATE_DTYPE for s in fa1.trace)
+    q, k, v = (x.astype(np.float32).astype(np.float64) for x in (q, k, v))
+    fa1 = sf.flash_attention(q, k, v, 4, 3, causal=True, causal_variant="lower_right", dtype="float32",
+                             variant="fa1", trace="full")
+    visible = np.tri(12, 13, k=13 - 12, dtype=bool)  # lower_right: row r sees keys c <= r + 1
+    expected = algorithm_1_float64(q[0], k[0], v[0], 4, 3, 1 / np.sqrt(5), visible)
+    assert len(fa1.trace) > 0
+    for s in fa1.trace:
+        assert all(x.dtype == STATE_DTYPE for x in (s.m, s.alpha, s.l, s.a, s.m_tile, s.l_tile, s.beta))
+        m_t, l_t, m_new, l_new, alpha, beta, O_new = expected[s.i, s.j]
+        np.testing.assert_allclose(s.m_tile, m_t, rtol=1e-6)
+        np.testing.assert_allclose(s.l_tile, l_t, rtol=1e-5)
+        np.testing.assert_allclose(s.m, m_new, rtol=1e-6)
+        np.testing.assert_allclose(s.l, l_new, rtol=1e-5)
+        np.testing.assert_allclose(s.alpha, alpha, rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(s.beta, beta, rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(s.a, O_new, rtol=1e-5, atol=1e-6)
     for i in range(3):
-        one, two = fa1.trace.of_tile(i), fa2.trace.of_tile(i)
-        assert [s.j for s in one] == [s.j for s in two]
-        for s1, s2 in zip(one, two):  # same tiles folded in the same order: same m, alpha, l; a = O_i = a / l
-            np.testing.assert_allclose(s1.m, s2.m, rtol=1e-6)
-            np.testing.assert_allclose(s1.alpha, s2.alpha, rtol=1e-6)
-            np.testing.assert_allclose(s1.l, s2.l, rtol=1e-6)
-            normalised = np.divide(s2.a, s2.l[:, None], out=np.zeros_like(s2.a), where=s2.l[:, None] > 0)
-            np.testing.assert_allclose(s1.a, normalised, rtol=1e-5, atol=1e-6)
-        np.testing.assert_array_equal(one[-1].a, fa1.out[0, 4 * i:4 * i + 4])
+        np.testing.assert_array_equal(fa1.trace.of_tile(i)[-1].a, fa1.out[0, 4 * i:4 * i + 4])
+
+
+def test_tile_local_max_differs_from_the_running_max_and_beta_rescales_the_tile():
+    """Scores rise then fall: the second tile's own max is below the running max, so beta < 1 there."""
+    q = np.array([[1.0, 0.0]])
+    k = np.array([[8.0, 0.0], [6.0, 0.0], [10.0, 0.0], [7.0, 0.0], [3.0, 0.0], [2.0, 0.0]])
+    v = np.arange(12, dtype=float).reshape(6, 2)
+    run = sf.flash_attention(q, k, v, 1, 2, scale=1.0, dtype="float32", variant="fa1", trace="stats")
+    third = run.trace[2]
+    assert third.m_tile[0] == 3.0 and third.m[0] == 10.0
+    np.testing.assert_allclose(third.beta[0], np.exp(3.0 - 10.0), rtol=1e-6)
+    np.testing.assert_allclose(third.alpha[0], 1.0)
+    np.testing.assert_allclose(third.l_tile[0], 1 + np.exp(-1.0), rtol=1e-6)
+
+
+def test_ledger_labels_what_the_released_kernel_skips():
+    """The init writes and the first-visit reads of the known initial values carry "(init)"; the rest is O, l, m."""
+    n, d = 256, 16
+    traffic = sf.model.flash_traffic(n, d, 128, 64, variant="fa1").by_tensor
+    assert traffic["O (init)"] == sf.Flow(read_bytes=n * d * 2, write_bytes=n * d * 2)
+    assert traffic["l (init)"] == traffic["m (init)"] == sf.Flow(read_bytes=n * 4, write_bytes=n * 4)
+    T_c = n // 64
+    assert traffic["O"] == sf.Flow(read_bytes=(T_c - 1) * n * d * 2, write_bytes=T_c * n * d * 2)
+    wide = sf.model.flash_traffic(n, d, 128, 64, variant="fa1", o_accum_dtype="float32").by_tensor
+    assert wide["O"] == sf.Flow(read_bytes=T_c * n * d * 4, write_bytes=T_c * n * d * 4)  # + the final read
+    assert wide["out"] == sf.Flow(write_bytes=n * d * 2)
+    with pytest.raises(ValueError, match="o_accum_dtype"):
+        sf.model.flash_traffic(n, d, variant="fa2", o_accum_dtype="float32")
+    q, k, v = random_qkv(0, 1, 8, 8, 4)
+    with pytest.raises(ValueError, match="o_accum_dtype.*fa1"):
+        sf.flash_attention(q, k, v, variant="fa2", o_accum_dtype="float32")
+    with pytest.raises(ValueError, match="o_accum_dtype"):
+        sf.flash_attention(q, k, v, variant="fa1", o_accum_dtype="float64")
+
+
+def test_float32_accumulation_rounds_once():
+    """With the running O in float32 FA-1 no longer drifts with the number of KV tiles."""
+    q, k, v = random_qkv(3, 1, 64, 512, 16)
+    ref = reference_attention(q, k, v, dtype="float16")
+    errors = {acc: relative_error(sf.flash_attention(q, k, v, 64, 4, dtype="float16", variant="fa1", trace="none",
+                                                     o_accum_dtype=acc).out, ref) for acc in ("storage", "float32")}
+    assert errors["float32"] < errors["storage"] / 4
 
 
 def test_rows_with_no_visible_key_end_as_zero_not_nan():

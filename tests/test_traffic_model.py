@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import simflash as sf
 from simflash.config import MiB
@@ -111,3 +112,35 @@ def test_model_rejects_bad_arguments(bad):
     args = dict(n=64, d=16) | bad
     with pytest.raises(ValueError, match=next(iter(bad))):
         sf.model.flash_traffic(**args)
+
+
+def test_flops_by_kind_at_the_lesson_configuration(lesson_runs):
+    """The lesson's runs against the closed form, and the counts derived by hand: naive's softmax does
+    ~5 N^2 (max, subtract, exp, sum, divide) plus the scale; FA-2 adds per-tile rescales and exps."""
+    T_c, T_r = N // 64, N // 128
+    for (variant, causal), run in lesson_runs.items():
+        assert run.flops_by_kind == sf.model.flops_by_kind(N, D, variant, causal)
+        assert run.flops == run.flops_by_kind["tensor"]
+    naive = lesson_runs["naive", False].flops_by_kind
+    assert naive == {"tensor": 4 * N * N * D, "exp": N * N, "fp32": 4 * N * N, "div": N * N}
+    fa2 = lesson_runs["fa2", False].flops_by_kind
+    assert fa2["exp"] == N * N + T_c * N  # P_ij and one alpha per row per KV tile
+    fa1 = sf.model.flops_by_kind(N, D, "fa1")
+    assert fa1["div"] == T_c * N * D  # Algorithm 1 divides the (B_r, d) tile on every visited (j, i)
+    assert fa1["exp"] == N * N + 2 * T_c * N and fa1["tensor"] == fa2["tensor"]
+    assert T_r * 128 == N
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n_q=st.integers(1, 30), n_kv=st.integers(1, 30), d=st.sampled_from([1, 4, 8]), block_q=st.integers(1, 12),
+       block_kv=st.integers(1, 12), heads=st.integers(1, 2), causal=st.booleans(),
+       causal_variant=st.sampled_from(["upper_left", "lower_right"]), variant=st.sampled_from(["naive", "fa1", "fa2"]))
+def test_flops_by_kind_closed_form_equals_the_simulation(n_q, n_kv, d, block_q, block_kv, heads, causal,
+                                                          causal_variant, variant):
+    rng = np.random.default_rng(n_q * 131 + n_kv)
+    q, k, v = rng.standard_normal((heads, n_q, d)), rng.standard_normal((heads, n_kv, d)), rng.standard_normal((heads, n_kv, d))
+    kw = dict(causal=causal, causal_variant=causal_variant, dtype="float32")
+    run = (sf.naive_attention(q, k, v, **kw) if variant == "naive"
+           else sf.flash_attention(q, k, v, block_q, block_kv, variant=variant, trace="none", **kw))
+    assert run.flops_by_kind == sf.model.flops_by_kind(n_q, d, variant, causal, block_q, block_kv, n_kv=n_kv,
+                                                       heads=heads, causal_variant=causal_variant)

@@ -18,9 +18,15 @@ class TiledAlgorithm:
     cta: Callable  # (gpu, sched, scale, trace, cta, write_logsumexp) -> iterator of TileStep | None
     program: Callable | None = None  # (sched, cta, d, itemsize, write_logsumexp) -> CTAProgram
     row_state: tuple[str, ...] = ()  # float32 per-row statistics the algorithm keeps in HBM
+    # Where the running output may live between KV tiles; an algorithm with more than "storage"
+    # takes `o_accum_dtype` in `cta` and `allocate`, and names its finished output with `output`.
+    o_accum_dtypes: tuple[str, ...] = ("storage",)
+    allocate: Callable | None = None  # (hbm, o_accum_dtype) -> None: the HBM tensors besides Q, K, V, O
+    output: Callable = lambda o_accum_dtype: "O"  # noqa: E731  the tensor holding the storage-dtype output
 
 
 FLASH_ALGORITHMS = {
     "fa2": TiledAlgorithm(flash2.KERNEL, flash2.flash2_grid, flash2.flash2_cta, flash2.flash2_program),
-    "fa1": TiledAlgorithm(flash1.KERNEL, flash1.flash1_grid, flash1.flash1_cta, row_state=("l", "m")),
+    "fa1": TiledAlgorithm(flash1.KERNEL, flash1.flash1_grid, flash1.flash1_cta, o_accum_dtypes=flash1.O_ACCUM_DTYPES,
+                          allocate=flash1.flash1_allocate, output=flash1.flash1_output),
 }

@@ -49,6 +49,7 @@ def gemm_qk_cta(gpu: SimulatedGPU, sched: TileSchedule, scale: float, cta: CTA) 
     for rows in _row_blocks(sched, hbm.itemsize("S")):
         Q_r = hbm.read("Q", (h, rows))  # (rows, d)
         S_r = compute.matmul(Q_r, K.T) * scale  # (rows, n_kv)
+        compute.elementwise(fp32=S_r.size)  # the scale, in the GEMM's epilogue
         hbm.write_where("S", S_r, None if permitted is None else permitted[rows], index=(h, rows))
         yield None
 
@@ -65,7 +66,7 @@ def softmax_cta(gpu: SimulatedGPU, sched: TileSchedule, scale: float, cta: CTA) 
         P_r = np.exp(S_r - np.where(m == -np.inf, 0.0, m))  # (rows, n_kv)
         l = P_r.sum(axis=-1, keepdims=True)  # noqa: E741  (rows, 1)
         P_r /= np.where(l > 0, l, 1.0)  # such a row is all zeros: divide by 1 to keep it so
-        compute.elementwise(exp=P_r.size, fp32=4 * P_r.size)
+        compute.elementwise(exp=P_r.size, fp32=3 * P_r.size, div=P_r.size)  # max, subtract, sum; exp; divide
         hbm.write_where("P", P_r, stored, index=(h, rows))
         yield None
 

@@ -31,6 +31,7 @@ class Row:
     error: float | None = None  # relative error vs the float64 reference
     naive_error: float | None = None  # naive's error in the same dtype and masking condition
     passed: bool | None = None  # within the storage dtype's tolerance
+    flops_by_kind: dict[str, int] = attrs.field(factory=dict)  # measured; the closed form is checked equal
 
     @property
     def reduction(self) -> float:
@@ -42,12 +43,16 @@ class Row:
             "traffic": self.traffic.to_dict(), "reduction_vs_matched_baseline": self.reduction,
             "model_matches": self.model_matches, "relative_error": self.error,
             "naive_relative_error": self.naive_error, "passed": self.passed,
+            "flops_by_kind": self.flops_by_kind,
         }
 
 
 def compare(n: int, d: int, dtype: str, block_q: int, block_kv: int, heads: int, seed: int,
-            progress: Progress | None = None) -> list[Row]:
-    """Run naive and every tiled variant, unmasked then causal, on one set of random inputs."""
+            progress: Progress | None = None, fa1_o_accum: str = "storage") -> list[Row]:
+    """Run naive and every tiled variant, unmasked then causal, on one set of random inputs.
+
+    fa1_o_accum: the dtype FA-1 keeps its running O in ("storage" as the paper, "float32" as the
+    released kernel). model_matches also holds the FLOPs by kind against their closed form."""
     for name, value in (("n", n), ("d", d), ("heads", heads), ("block_q", block_q), ("block_kv", block_kv)):
         check_positive_int(name, value)
     storage_dtype(dtype)
@@ -69,8 +74,9 @@ def compare(n: int, d: int, dtype: str, block_q: int, block_kv: int, heads: int,
         baseline = naive.traffic.total_bytes
         rows.append(Row(
             f"naive, {mask}", "naive", causal, naive.traffic, baseline,
-            naive.traffic == sf.model.naive_traffic(n, d, dtype, causal, heads=heads),
-            naive_error, naive_error, within_tolerance(naive_error, dtype),
+            naive.traffic == sf.model.naive_traffic(n, d, dtype, causal, heads=heads)
+            and naive.flops_by_kind == sf.model.flops_by_kind(n, d, "naive", causal, heads=heads),
+            naive_error, naive_error, within_tolerance(naive_error, dtype), naive.flops_by_kind,
         ))
         if causal:
             idealised = sf.model.idealized_causal_naive_traffic(n, d, dtype, heads=heads)
@@ -78,12 +84,17 @@ def compare(n: int, d: int, dtype: str, block_q: int, block_kv: int, heads: int,
                             idealised.total_bytes, True))
         for variant, _ in FLASH_ALGORITHMS.items():
             step(f"{variant} tiled")
+            o_accum = fa1_o_accum if variant == "fa1" else "storage"
             run = sf.flash_attention(q, k, v, block_q, block_kv, causal=causal, dtype=dtype,
-                                     variant=variant, trace="none")
+                                     variant=variant, trace="none", o_accum_dtype=o_accum)
             error = relative_error(run.out, ref)
-            model = sf.model.flash_traffic(n, d, block_q, block_kv, dtype, causal, variant, heads=heads)
-            rows.append(Row(f"{variant}, {mask}", variant, causal, run.traffic, baseline,
-                            run.traffic == model, error, naive_error, within_tolerance(error, dtype)))
+            model = sf.model.flash_traffic(n, d, block_q, block_kv, dtype, causal, variant, heads=heads,
+                                           o_accum_dtype=o_accum)
+            flops = sf.model.flops_by_kind(n, d, variant, causal, block_q, block_kv, heads=heads)
+            name = f"{variant} (O in float32)" if o_accum == "float32" else variant
+            rows.append(Row(f"{name}, {mask}", variant, causal, run.traffic, baseline,
+                            run.traffic == model and run.flops_by_kind == flops, error, naive_error,
+                            within_tolerance(error, dtype), run.flops_by_kind))
         if progress is not None:
             progress.update(task, description=f"{mask}: done", completed=1, total=1)
     return rows
@@ -94,7 +105,7 @@ def _mib(nbytes: int) -> str:
 
 
 def _print_tables(console, rows: list[Row], n: int, d: int, dtype: str, block_q: int,
-                  block_kv: int, heads: int) -> None:
+                  block_kv: int, heads: int, fa1_o_accum: str = "storage") -> None:
     table = Table(title=f"Logical HBM traffic, N={n}, d={d}, {dtype}, B_r={block_q}, B_c={block_kv}, "
                         f"{heads} head(s) (MiB, measured by the simulator's ledger)")
     for column in ("configuration", "reads", "writes", "total", "vs matched baseline", "model = sim",
@@ -121,6 +132,10 @@ def _print_tables(console, rows: list[Row], n: int, d: int, dtype: str, block_q:
             state = {t: f for t, f in row.traffic.by_tensor.items() if t not in ("Q", "K", "V")}
             console.print(f"{row.name}: output and state traffic " + ", ".join(
                 f"{t} {_mib(f.total_bytes)} MiB" for t, f in state.items()))
+    _print_flops(console, rows)
+    console.print(f"FA-1 keeps its running O in HBM in {fa1_o_accum if fa1_o_accum == 'float32' else dtype} "
+                  f"(--fa1-o-accum {fa1_o_accum}); its ledger labels the initialisation and the first tile's read "
+                  f"of the known zeros \"O (init)\", \"l (init)\", \"m (init)\": the released kernel skips them")
     kernels = Table(title="Naive, unmasked, by kernel (MiB)")
     for column in ("kernel", "reads", "writes", "total"):
         kernels.add_column(column, justify="left" if column == "kernel" else "right")
@@ -133,6 +148,22 @@ def _print_tables(console, rows: list[Row], n: int, d: int, dtype: str, block_q:
                   f"causal {sf.model.kv_passes(n, block_q, block_kv, causal=True):g}")
 
 
+def _print_flops(console, rows: list[Row]) -> None:
+    """The arithmetic each algorithm does, by kind: the fused kernels' extra exp, rescale and division work."""
+    table = Table(title="FLOPs by kind (MFLOP; tensor = matmuls on the tensor cores, the rest elementwise)")
+    for column in ("configuration", "tensor", "exp", "fp32", "div", "non-matmul", "non-matmul vs naive"):
+        table.add_column(column, justify="left" if column == "configuration" else "right")
+    for row in rows:
+        if not row.flops_by_kind:
+            continue  # the idealised model row
+        naive = next(r for r in rows if r.algorithm == "naive" and r.causal == row.causal and r.flops_by_kind)
+        extra = sum(v for k, v in row.flops_by_kind.items() if k != "tensor")
+        naive_extra = sum(v for k, v in naive.flops_by_kind.items() if k != "tensor")
+        table.add_row(row.name, *(f"{row.flops_by_kind[k] / 1e6:,.2f}" for k in ("tensor", "exp", "fp32", "div")),
+                      f"{extra / 1e6:,.2f}", f"{extra / naive_extra:.2f}x")
+    console.print(table)
+
+
 def run(
     n: Annotated[int, typer.Option(help="Sequence length N (n_q = n_kv).")] = 4096,
     d: Annotated[int, typer.Option(help="Head dimension.")] = 128,
@@ -141,6 +172,9 @@ def run(
     block_kv: Annotated[int, typer.Option(help="KV tile rows B_c.")] = 64,
     heads: Annotated[int, typer.Option(help="Number of heads (traffic sums over heads).")] = 1,
     seed: Annotated[int, typer.Option(help="Seed of the random inputs.")] = 0,
+    fa1_o_accum: Annotated[str, typer.Option(
+        "--fa1-o-accum", help="Where FA-1 keeps its running O in HBM: storage (the paper) or float32 "
+                              "(the released kernel; twice O's round-trip bytes).")] = "storage",
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
 ) -> None:
     """Run naive and tiled attention (unmasked and causal) and print the lesson's traffic table."""
@@ -148,14 +182,15 @@ def run(
     try:
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                       console=console, transient=True) as progress:
-            rows = compare(n, d, dtype, block_q, block_kv, heads, seed, progress)
+            rows = compare(n, d, dtype, block_q, block_kv, heads, seed, progress, fa1_o_accum)
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
     if as_json:
         print(json.dumps({"n": n, "d": d, "dtype": dtype, "block_q": block_q, "block_kv": block_kv,
-                          "heads": heads, "seed": seed, "rows": [r.to_dict() for r in rows]}, indent=2))
+                          "heads": heads, "seed": seed, "fa1_o_accum_dtype": fa1_o_accum,
+                          "rows": [r.to_dict() for r in rows]}, indent=2))
     else:
-        _print_tables(console, rows, n, d, dtype, block_q, block_kv, heads)
+        _print_tables(console, rows, n, d, dtype, block_q, block_kv, heads, fa1_o_accum)
     if not all(r.passed is not False and r.model_matches for r in rows):
         raise typer.Exit(1)
 

@@ -2,6 +2,7 @@
 
 from simflash.model import physical
 from simflash.model.amdahl import amdahl, attention_flop_share, project, sensitivity
+from simflash.model.flops import flops_by_kind
 from simflash.model.footprint import fused_footprints, intermediate_footprints, short_sequence
 from simflash.model.report import attribute, load_scenario, parse_scenario, render_report
 from simflash.model.roofline import INTENSITY_MODELS, attention_flops, conclusion, intensity_table, roof
@@ -17,7 +18,7 @@ from simflash.model.traffic import (
 
 __all__ = [
     "FLASH_TRAFFIC", "INTENSITY_MODELS", "amdahl", "attention_flop_share", "attention_flops", "attribute",
-    "conclusion", "fa1_tile_sizes", "flash_traffic", "fused_footprints", "idealized_causal_naive_traffic",
+    "conclusion", "fa1_tile_sizes", "flash_traffic", "flops_by_kind", "fused_footprints", "idealized_causal_naive_traffic",
     "intensity_table", "intermediate_footprints", "kv_passes", "load_scenario", "naive_traffic", "parse_scenario",
     "permitted_entries", "project", "render_report", "roof", "sensitivity", "short_sequence", "traffic_vs_n",
     "traffic_vs_sram",

@@ -89,27 +89,43 @@ def fa2_traffic(n_q, n_kv, d, block_q, block_kv, b, causal, causal_variant, writ
     return ledger
 
 
-def fa1_traffic(n_q, n_kv, d, block_q, block_kv, b, causal, causal_variant, write_logsumexp) -> dict:
+def fa1_traffic(n_q, n_kv, d, block_q, block_kv, b, causal, causal_variant, write_logsumexp,
+                o_accum_dtype="storage") -> dict:
     """FA-1: initialise O, l, m in HBM; read each KV tile that some query tile visits once; for every
-    visited (j, i) read Q_i, O_i, l_i, m_i and write O_i, l_i, m_i back (l and m in float32).
+    visited (j, i) read Q_i, O_i, l_i, m_i and write O_i, l_i, m_i back (l and m in float32; O in the
+    storage dtype, or float32 with o_accum_dtype="float32", which adds a last read of O and a write
+    of the output in the storage dtype, "out").
 
-    With write_logsumexp, an epilogue reads the final l and m once and writes L = m + log l.
+    Labels: a query tile that is visited writes its initial values to "O (init)", "l (init)",
+    "m (init)" and its first visit reads them back from there (what the released kernel skips); a
+    query tile never visited writes them to "O", "l", "m" (its final state). With write_logsumexp,
+    an epilogue reads the final l and m once and writes L = m + log l.
     """
     s = STATE_DTYPE.itemsize
+    ob = s if o_accum_dtype == "float32" else b  # bytes per element of the running O
     kv_rows = kv_rows_visited(n_q, n_kv, block_q, block_kv, causal, causal_variant)
     kv_tiles = [-(-rows // block_kv) for rows in kv_rows]  # KV tiles each query tile visits (a prefix)
     q_rows = [min(block_q, n_q - start) for start in range(0, n_q, block_q)]
     step_rows = sum(r * t for r, t in zip(q_rows, kv_tiles))  # query rows summed over every visited (j, i)
+    init_rows = sum(r for r, t in zip(q_rows, kv_tiles) if t)  # rows of the query tiles that are visited
     kv_loaded = max(kv_rows)  # the visited prefixes' union is the longest prefix: loaded once each
-    stats_reads = step_rows * s + (n_q * s if write_logsumexp else 0)
+    later_reads = step_rows - init_rows  # visits after each query tile's first
+    final_writes = n_q - init_rows + step_rows  # never-visited tiles' init, then every visit's write
+    stats_reads = later_reads * s + (n_q * s if write_logsumexp else 0)
     ledger = {
-        ("flash1_forward", "O"): Flow(read_bytes=step_rows * d * b, write_bytes=(n_q + step_rows) * d * b),
-        ("flash1_forward", "l"): Flow(read_bytes=stats_reads, write_bytes=(n_q + step_rows) * s),
-        ("flash1_forward", "m"): Flow(read_bytes=stats_reads, write_bytes=(n_q + step_rows) * s),
+        ("flash1_forward", "O (init)"): Flow(read_bytes=init_rows * d * ob, write_bytes=init_rows * d * ob),
+        ("flash1_forward", "l (init)"): Flow(read_bytes=init_rows * s, write_bytes=init_rows * s),
+        ("flash1_forward", "m (init)"): Flow(read_bytes=init_rows * s, write_bytes=init_rows * s),
+        ("flash1_forward", "O"): Flow(read_bytes=(later_reads + (n_q if o_accum_dtype == "float32" else 0)) * d * ob,
+                                      write_bytes=final_writes * d * ob),
+        ("flash1_forward", "l"): Flow(read_bytes=stats_reads, write_bytes=final_writes * s),
+        ("flash1_forward", "m"): Flow(read_bytes=stats_reads, write_bytes=final_writes * s),
         ("flash1_forward", "K"): Flow(read_bytes=kv_loaded * d * b),
         ("flash1_forward", "V"): Flow(read_bytes=kv_loaded * d * b),
         ("flash1_forward", "Q"): Flow(read_bytes=step_rows * d * b),
     }
+    if o_accum_dtype == "float32":
+        ledger["flash1_forward", "out"] = Flow(write_bytes=n_q * d * b)
     if write_logsumexp:
         ledger["flash1_forward", "L"] = Flow(write_bytes=n_q * s)
     return ledger
@@ -126,16 +142,24 @@ FLASH_TRAFFIC = {
 def flash_traffic(
     n: int, d: int, block_q: int = 128, block_kv: int = 64, dtype: str = "float16", causal: bool = False,
     variant: str = "fa2", *, n_kv: int | None = None, heads: int = 1, causal_variant: str = "upper_left",
-    write_logsumexp: bool = False,
+    write_logsumexp: bool = False, o_accum_dtype: str = "storage",
 ) -> Traffic:
-    """Exact HBM bytes of tiled attention, equal to the simulator's ledger for the same configuration."""
+    """Exact HBM bytes of tiled attention, equal to the simulator's ledger for the same configuration.
+
+    o_accum_dtype (variant="fa1" only): "storage" or "float32", as in `sf.flash_attention`.
+    """
     if variant not in FLASH_TRAFFIC:
         raise ValueError(f"variant must be one of {sorted(FLASH_TRAFFIC)}, got {variant!r}")
+    options = {} if o_accum_dtype == "storage" and variant != "fa1" else {"o_accum_dtype": o_accum_dtype}
+    if variant != "fa1" and options or o_accum_dtype not in ("storage", "float32"):
+        raise ValueError(f"o_accum_dtype must be one of ('storage', 'float32') for variant 'fa1' and 'storage' "
+                         f"for the others, got {o_accum_dtype!r} for variant {variant!r}")
     n_q, n_kv, d, heads = _sizes(n, d, n_kv, heads)
     block_q = check_positive_int("block_q", block_q)
     block_kv = check_positive_int("block_kv", block_kv)
     b = storage_dtype(dtype).itemsize
-    ledger = FLASH_TRAFFIC[variant](n_q, n_kv, d, block_q, block_kv, b, bool(causal), causal_variant, write_logsumexp)
+    ledger = FLASH_TRAFFIC[variant](n_q, n_kv, d, block_q, block_kv, b, bool(causal), causal_variant, write_logsumexp,
+                                    **options)
     return Traffic(ledger).times(heads)
 
 
