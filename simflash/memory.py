@@ -358,7 +358,8 @@ def _block_key(tensor: str, index: tuple) -> tuple:
     """The L2 block a transfer touches: (tensor, head, first row), as simflash.grid.block_key names it."""
     head = index[0] if index and isinstance(index[0], (int, np.integer)) else 0
     rows = index[1] if len(index) > 1 and isinstance(index[1], slice) else slice(0, None)
-    return (tensor, int(head), rows.start or 0)
+    # A ledger label such as "O (init)" names a phase of tensor O, not other memory: same block.
+    return (tensor.split(" (")[0], int(head), rows.start or 0)
 
 
 def _stored_count(stored: np.ndarray, shape: tuple[int, ...]) -> int:
