@@ -3,7 +3,7 @@
 import math
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
@@ -49,7 +49,6 @@ def test_counted_flop_share_of_the_nominal_8b_model():
     assert unmasked.attention_flops == 32 * 32 * 4 * 2048**2 * 128
 
 
-@settings(max_examples=40, deadline=None)
 @given(f=st.floats(0, 1), s=st.floats(1, 100))
 def test_speedup_is_bounded_by_the_kernel_and_the_serial_part(f, s):
     speedup = sf.amdahl(f, s)

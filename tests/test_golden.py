@@ -38,12 +38,14 @@ def test_two_tile_trace_is_the_worked_example(variant):
     # Independent float64 reference: scores and the full-row softmax.
     scores = (case.k @ case.q[0]).astype(np.float64)  # (4,)
     assert scores.tolist() == [8.0, 6.0, 10.0, 7.0]
-    m1, m2 = scores[:2].max(), scores.max()
-    l1 = np.exp(scores[:2] - m1).sum()
-    l2 = np.exp(m1 - m2) * l1 + np.exp(scores[2:] - m2).sum()
+    # By hand, from the definitions (not the online update): m = max score seen so far; l = sum of
+    # exp(score - m) over the keys seen so far; alpha = exp(m_old - m_new).
+    m1, m2 = 8.0, 10.0
+    l1 = 1 + np.exp(-2.0)  # scores 8, 6 against m = 8
+    l2 = np.exp(-2.0) + np.exp(-4.0) + 1 + np.exp(-3.0)  # scores 8, 6, 10, 7 against m = 10
     first, second = trace
     np.testing.assert_allclose([first.m[0], second.m[0]], [m1, m2], rtol=1e-7)
-    np.testing.assert_allclose(second.alpha[0], np.exp(m1 - m2), rtol=1e-6)
+    np.testing.assert_allclose(second.alpha[0], np.exp(-2.0), rtol=1e-6)
     np.testing.assert_allclose([first.l[0], second.l[0]], [l1, l2], rtol=1e-6)
     weights = np.exp(scores - m2) / np.exp(scores - m2).sum()
     expected_out = weights @ case.v

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
@@ -76,7 +76,6 @@ def test_a_naive_run_saves_its_config_and_no_steps(tmp_path, suffix):
     assert back.config["algorithm"] == "naive" and back.config == run.trace.config and len(back) == 0
 
 
-@settings(max_examples=12, deadline=None)
 @given(
     n_q=st.integers(1, 9), n_kv=st.integers(1, 9), d=st.integers(1, 5), block_q=st.integers(1, 5),
     block_kv=st.integers(1, 5), causal=st.booleans(), variant_index=st.integers(0, len(FLASH_ALGORITHMS) - 1),

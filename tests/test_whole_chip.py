@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import simflash as sf
@@ -57,7 +57,6 @@ def test_read_fill_weight_lets_dirty_blocks_stay():
 shapes = st.tuples(st.integers(1, 2), st.integers(1, 150), st.integers(1, 150), st.sampled_from([16, 32]))
 
 
-@settings(max_examples=25, deadline=None)
 @given(shape=shapes, causal=st.booleans(), variant=st.sampled_from(["upper_left", "lower_right"]),
        algorithm=st.sampled_from(["fa2", "fa1"]), seed=st.integers(0, 2**32 - 1))
 def test_schedules_agree_on_output_and_ledger(shape, causal, variant, algorithm, seed):
@@ -71,7 +70,6 @@ def test_schedules_agree_on_output_and_ledger(shape, causal, variant, algorithm,
     assert sequential.flops_by_kind == concurrent.flops_by_kind
 
 
-@settings(max_examples=25, deadline=None)
 @given(shape=shapes, causal=st.booleans(), variant=st.sampled_from(["upper_left", "lower_right"]),
        cache=st.sampled_from(["cold", "warm"]), capacity=st.sampled_from([65536, 10**6, 10**9]),
        seed=st.integers(0, 2**32 - 1))

@@ -1,0 +1,12 @@
+"""Hypothesis profiles. "ci" (the default) keeps the whole suite near a minute on two cores;
+`pytest --hypothesis-profile=thorough` (or HYPOTHESIS_PROFILE=thorough) runs many more examples."""
+
+import os
+
+from hypothesis import HealthCheck, settings
+
+# Simulations of a few hundred tokens take tens of milliseconds, so no per-example deadline.
+_COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True)
+settings.register_profile("ci", max_examples=25, **_COMMON)
+settings.register_profile("thorough", max_examples=500, **_COMMON)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))  # --hypothesis-profile overrides this
