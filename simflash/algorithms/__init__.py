@@ -18,9 +18,11 @@ class TiledAlgorithm:
     cta: Callable  # (gpu, sched, scale, trace, cta, write_logsumexp) -> iterator of TileStep | None
     program: Callable | None = None  # (sched, cta, d, itemsize, write_logsumexp) -> CTAProgram
     row_state: tuple[str, ...] = ()  # float32 per-row statistics the algorithm keeps in HBM
+    kernel_model: bool = False  # its on-chip state is the GPU kernel's (simflash.onchip): kv_stages, fit check
 
 
 FLASH_ALGORITHMS = {
-    "fa2": TiledAlgorithm(flash2.KERNEL, flash2.flash2_grid, flash2.flash2_cta, flash2.flash2_program),
+    "fa2": TiledAlgorithm(flash2.KERNEL, flash2.flash2_grid, flash2.flash2_cta, flash2.flash2_program,
+                          kernel_model=True),
     "fa1": TiledAlgorithm(flash1.KERNEL, flash1.flash1_grid, flash1.flash1_cta, row_state=("l", "m")),
 }

@@ -46,8 +46,10 @@ class Row:
 
 
 def compare(n: int, d: int, dtype: str, block_q: int, block_kv: int, heads: int, seed: int,
-            progress: Progress | None = None) -> list[Row]:
-    """Run naive and every tiled variant, unmasked then causal, on one set of random inputs."""
+            progress: Progress | None = None, *, write_logsumexp: bool = False) -> list[Row]:
+    """Run naive and every tiled variant, unmasked then causal, on one set of random inputs.
+
+    write_logsumexp: the tiled variants also write L = m + log l (as FlashAttention-2's kernel always does)."""
     for name, value in (("n", n), ("d", d), ("heads", heads), ("block_q", block_q), ("block_kv", block_kv)):
         check_positive_int(name, value)
     storage_dtype(dtype)
@@ -79,9 +81,10 @@ def compare(n: int, d: int, dtype: str, block_q: int, block_kv: int, heads: int,
         for variant, _ in FLASH_ALGORITHMS.items():
             step(f"{variant} tiled")
             run = sf.flash_attention(q, k, v, block_q, block_kv, causal=causal, dtype=dtype,
-                                     variant=variant, trace="none")
+                                     variant=variant, trace="none", write_logsumexp=write_logsumexp)
             error = relative_error(run.out, ref)
-            model = sf.model.flash_traffic(n, d, block_q, block_kv, dtype, causal, variant, heads=heads)
+            model = sf.model.flash_traffic(n, d, block_q, block_kv, dtype, causal, variant, heads=heads,
+                                           write_logsumexp=write_logsumexp)
             rows.append(Row(f"{variant}, {mask}", variant, causal, run.traffic, baseline,
                             run.traffic == model, error, naive_error, within_tolerance(error, dtype)))
         if progress is not None:
@@ -142,18 +145,21 @@ def run(
     heads: Annotated[int, typer.Option(help="Number of heads (traffic sums over heads).")] = 1,
     seed: Annotated[int, typer.Option(help="Seed of the random inputs.")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
+    write_logsumexp: Annotated[bool, typer.Option(
+        "--write-logsumexp", help="Tiled variants also write the logsumexp L (FlashAttention-2's kernel always does: "
+                                  "+4 bytes per query row).")] = False,
 ) -> None:
     """Run naive and tiled attention (unmasked and causal) and print the lesson's traffic table."""
     console = make_console(stderr=as_json)
     try:
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                       console=console, transient=True) as progress:
-            rows = compare(n, d, dtype, block_q, block_kv, heads, seed, progress)
+            rows = compare(n, d, dtype, block_q, block_kv, heads, seed, progress, write_logsumexp=write_logsumexp)
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
     if as_json:
         print(json.dumps({"n": n, "d": d, "dtype": dtype, "block_q": block_q, "block_kv": block_kv,
-                          "heads": heads, "seed": seed, "rows": [r.to_dict() for r in rows]}, indent=2))
+                          "heads": heads, "seed": seed, "write_logsumexp": write_logsumexp, "rows": [r.to_dict() for r in rows]}, indent=2))
     else:
         _print_tables(console, rows, n, d, dtype, block_q, block_kv, heads)
     if not all(r.passed is not False and r.model_matches for r in rows):
