@@ -78,9 +78,9 @@ __global__ void __launch_bounds__(B_r / 16 * 32) flash2_forward(
   storage_t* O_h = O + (size_t)h * n_q * D;
   u64 read_Q = 0, read_K = 0, read_V = 0, written_O = 0;  // INSTRUMENTED counts of this thread
 
-  // -- Q_i, then K_0, V_0; a tile that visits no KV tile loads nothing and writes zeros
+  // -- Q_i, then K_0, V_0; a tile that visits no KV tile reads nothing (zero rows) and writes zeros
+  read_Q += load_tile<B_r, D, THREADS>(Q_s, Q_h + (size_t)row_start * D, T_c > 0 ? rows : 0);
   if (T_c > 0) {
-    read_Q += load_tile<B_r, D, THREADS>(Q_s, Q_h + (size_t)row_start * D, rows);
     read_K += load_tile<B_c, D, THREADS>(K_s, K_h, min(B_c, n_kv));
     read_V += load_tile<B_c, D, THREADS>(V_s, V_h, min(B_c, n_kv));
   }
@@ -216,6 +216,7 @@ __global__ void __launch_bounds__(B_r / 16 * 32) flash2_forward(
     }
     __syncthreads();  // every warp is done with buffer `buf` before it is refilled
   }
+  cp_async_wait<0>();  // a tile that visited no KV tile still has its (empty) Q_i copies in flight
   __syncthreads();
 
   // -- normalise once; a row that saw no key outputs 0

@@ -26,6 +26,7 @@ from simflash.config import (
 from simflash.grid import check_schedule, run_bodies
 from simflash.l2 import PhysicalTraffic
 from simflash.memory import MemoryEvent, OnChipStats, SimulatedGPU, Traffic
+from simflash.onchip import DEFAULT_KV_STAGES, check_fits, check_kv_stages, cta_resources, register_capacity_bytes
 from simflash.schedule import TileSchedule
 from simflash.trace import DEFAULT_TRACE_BUDGET_BYTES, TileStep, Trace, TraceRequest, trace_request
 
@@ -51,6 +52,7 @@ class RunConfig:
     schedule: str = "sequential"
     cache: str | None = None
     o_accum_dtype: str = "storage"  # FA-1: the running O in HBM in the storage dtype or in float32
+    kv_stages: int = DEFAULT_KV_STAGES  # K_j, V_j buffers in shared memory (FA-2)
 
 
 @attrs.frozen(eq=False)
@@ -117,11 +119,13 @@ def check_cache(cache: object) -> str | None:
     return cache
 
 
-def _simulated_gpu(gpu: str, sram_bytes: int | None, record_events: bool, cache: str | None
-                   ) -> tuple[SimulatedGPU, int]:
+def _simulated_gpu(gpu: str, sram_bytes: int | None, record_events: bool, cache: str | None,
+                   block_q: int | None = None) -> tuple[SimulatedGPU, int]:
+    """The machine; with block_q, each CTA's registers are checked against its share of the register file."""
     spec = gpu_spec(gpu)
     capacity = spec.smem_carveout_bytes if sram_bytes is None else check_positive_int("sram_bytes", sram_bytes)
-    machine = SimulatedGPU.build(capacity, record_events)
+    registers = None if block_q is None else register_capacity_bytes(spec, block_q)
+    machine = SimulatedGPU.build(capacity, record_events, registers)
     if check_cache(cache) is not None:
         machine.hbm.l2 = l2_cache(spec)
     return machine, capacity
@@ -141,7 +145,7 @@ class _FlashSetup:
 def _flash_setup(
     q, k, v, *, block_q, block_kv, causal, causal_variant, scale, dtype, variant,
     trace, trace_heads, trace_tiles, trace_budget, write_logsumexp, gpu, sram_bytes, record_events,
-    schedule="sequential", cache=None, o_accum_dtype="storage",
+    schedule="sequential", cache=None, o_accum_dtype="storage", kv_stages=DEFAULT_KV_STAGES,
 ) -> _FlashSetup:
     if variant not in FLASH_ALGORITHMS:
         raise ValueError(f"variant must be one of {sorted(FLASH_ALGORITHMS)}, got {variant!r}")
@@ -149,13 +153,18 @@ def _flash_setup(
     Q, K, V, scale = prepare_inputs(q, k, v, dtype, scale, causal_variant)
     block_q = check_positive_int("block_q", block_q)
     block_kv = check_positive_int("block_kv", block_kv)
+    kv_stages = check_kv_stages(kv_stages)
     heads, n_q, d = Q.shape
     sched = TileSchedule(n_q, K.shape[1], block_q, block_kv, causal=bool(causal), causal_variant=causal_variant)
     request = trace_request(trace, trace_heads, trace_tiles, sched, heads, d, trace_budget)
     check_schedule(schedule)
-    machine, capacity = _simulated_gpu(gpu, sram_bytes, record_events, cache)
+    tile_rows = min(block_q, n_q)  # a tile never exceeds the sequence
+    machine, capacity = _simulated_gpu(gpu, sram_bytes, record_events, cache, tile_rows)
+    if FLASH_ALGORITHMS[variant].kernel_model:  # the kernel's allocation must fit before any CTA runs
+        check_fits(cta_resources(tile_rows, min(block_kv, sched.n_kv), d, dtype, kv_stages), gpu_spec(gpu), capacity)
     config = RunConfig(variant, heads, n_q, sched.n_kv, d, dtype, scale, bool(causal), causal_variant,
-                       block_q, block_kv, bool(write_logsumexp), gpu, capacity, schedule, cache, o_accum_dtype)
+                       block_q, block_kv, bool(write_logsumexp), gpu, capacity, schedule, cache, o_accum_dtype,
+                       kv_stages)
     machine.hbm.place("Q", Q, Q.dtype)
     machine.hbm.place("K", K, K.dtype)
     machine.hbm.place("V", V, V.dtype)
@@ -178,6 +187,7 @@ def check_o_accum_dtype(variant: str, o_accum_dtype: object) -> str:
 def run_tiled(
     machine: SimulatedGPU, variant: str, sched: TileSchedule, scale: float, trace: TraceRequest | None = None,
     *, write_logsumexp: bool = False, slots: int = 1, longest_first: bool = False, o_accum_dtype: str = "storage",
+    kv_stages: int = DEFAULT_KV_STAGES,
 ) -> Iterator[TileStep]:
     """Run every CTA of a registered tiled algorithm on `machine`, as one kernel; yield the traced steps.
 
@@ -186,6 +196,7 @@ def run_tiled(
     own SRAM (`machine.for_cta`), `slots` of them resident at a time (1: one after another, in
     launch order). An algorithm's other HBM tensors are allocated by its `allocate`; the finished
     output is then in `FLASH_ALGORITHMS[variant].output(o_accum_dtype)` ("O" unless FA-1 keeps O in float32).
+    kv_stages goes to algorithms that model the kernel's shared memory (FA-2).
     """
     algorithm = FLASH_ALGORITHMS[variant]
     check_o_accum_dtype(variant, o_accum_dtype)
@@ -193,7 +204,9 @@ def run_tiled(
     heads, n_q = machine.hbm.shape("Q")[:2]
     for name in algorithm.row_state:
         machine.hbm.allocate(name, (heads, n_q), STATE_DTYPE)
-    options = {"write_logsumexp": write_logsumexp}
+    options: dict[str, Any] = {"write_logsumexp": write_logsumexp}
+    if algorithm.kernel_model:
+        options["kv_stages"] = kv_stages
     if algorithm.allocate is not None:
         algorithm.allocate(machine.hbm, o_accum_dtype)
         options["o_accum_dtype"] = o_accum_dtype
@@ -210,7 +223,7 @@ def run_tiled(
 def _trace_config(config: RunConfig) -> dict[str, Any]:
     """A run's config as its trace records it: schedule and cache only where they are not the defaults,
     so the traces of sequential runs without an L2 read as they always have."""
-    defaults = {"schedule": "sequential", "cache": None, "o_accum_dtype": "storage"}
+    defaults = {"schedule": "sequential", "cache": None, "o_accum_dtype": "storage", "kv_stages": DEFAULT_KV_STAGES}
     return {k: v for k, v in attrs.asdict(config).items() if k not in defaults or v != defaults[k]}
 
 
@@ -224,7 +237,8 @@ def _flash_steps(setup: _FlashSetup) -> Generator[TileStep, None, Run]:
         machine.hbm.l2.flush()
     yield from run_tiled(machine, config.algorithm, sched, config.scale, setup.request,
                          write_logsumexp=config.write_logsumexp, slots=slots,
-                         longest_first=concurrent and profile.longest_first, o_accum_dtype=config.o_accum_dtype)
+                         longest_first=concurrent and profile.longest_first, o_accum_dtype=config.o_accum_dtype,
+                         kv_stages=config.kv_stages)
     output = FLASH_ALGORITHMS[config.algorithm].output(config.o_accum_dtype)
     return Run(
         out=machine.hbm.inspect(output).reshape(setup.q_shape),
@@ -261,6 +275,7 @@ def flash_attention(
     trace_tiles: Iterable[int] | None = None, write_logsumexp: bool = False,
     gpu: str = DEFAULT_GPU, sram_bytes: int | None = None, record_events: bool = False,
     schedule: str = "sequential", cache: str | None = None, o_accum_dtype: str = "storage",
+    kv_stages: int = DEFAULT_KV_STAGES,
 ) -> Run:
     """Tiled attention on the simulated GPU. q: (..., n_q, d); k, v: (..., n_kv, d).
 
@@ -276,13 +291,16 @@ def flash_attention(
     reads; "float32" keeps it in float32, as the released FA-1 kernel did (twice O's round-trip bytes,
     still ledger tensor "O"), and a last pass reads it once more and writes `run.out` in `dtype` as
     the ledger tensor "out".
+    kv_stages (FA-2): K_j, V_j buffers in shared memory, 2 (double-buffered, as the GPU kernel) or 1;
+    a tile configuration whose shared memory (Q_i + kv_stages x (K_j + V_j)) or register-held state
+    does not fit `gpu` raises SRAMOverflowError naming block_q, block_kv and d.
     """
     setup = _flash_setup(
         q, k, v, block_q=block_q, block_kv=block_kv, causal=causal, causal_variant=causal_variant,
         scale=scale, dtype=dtype, variant=variant, trace=trace, trace_heads=trace_heads,
         trace_tiles=trace_tiles, trace_budget=DEFAULT_TRACE_BUDGET_BYTES,
         write_logsumexp=write_logsumexp, gpu=gpu, sram_bytes=sram_bytes, record_events=record_events,
-        schedule=schedule, cache=cache, o_accum_dtype=o_accum_dtype,
+        schedule=schedule, cache=cache, o_accum_dtype=o_accum_dtype, kv_stages=kv_stages,
     )
     steps, run = _exhaust(_flash_steps(setup))
     return attrs.evolve(run, trace=attrs.evolve(run.trace, steps=tuple(steps)))

@@ -384,6 +384,7 @@ class OnChipScope:
     name: str
     capacity_bytes: int | None = None
     log: EventLog | None = None
+    advice: str = "choose smaller block_q/block_kv or a larger sram_bytes"  # what to do on overflow
     _live: dict[str, int] = attrs.field(factory=dict)
     _peak_bytes: int = 0
     _peak_by_buffer: dict[str, int] = attrs.field(factory=dict)
@@ -399,7 +400,7 @@ class OnChipScope:
             held = ", ".join(f"{b} {n / KiB:g} KiB" for b, n in self._live.items())
             raise SRAMOverflowError(
                 f"tiles do not fit in {self.name}: {held} = {live_bytes / KiB:g} KiB > capacity "
-                f"{self.capacity_bytes / KiB:g} KiB; choose smaller block_q/block_kv or a larger sram_bytes"
+                f"{self.capacity_bytes / KiB:g} KiB; {self.advice}"
             )
         self._peak_bytes = max(self._peak_bytes, live_bytes)
         self._peak_by_buffer[buffer] = max(self._peak_by_buffer.get(buffer, 0), nbytes)
@@ -434,16 +435,19 @@ class OnChipStats:
 
 @attrs.define
 class SRAM:
-    """On-chip memory of one CTA: shared-memory tiles (capacity-checked) and register-held state."""
+    """On-chip memory of one CTA: shared-memory tiles and register-held state, each capacity-checked
+    (register_bytes: the CTA's share of the register file; None leaves registers unchecked)."""
 
     capacity_bytes: int
     log: EventLog | None = None
+    register_bytes: int | None = None
     shared: OnChipScope = attrs.field(init=False)
     registers: OnChipScope = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self.shared = OnChipScope("shared memory", self.capacity_bytes, self.log)
-        self.registers = OnChipScope("registers", None, self.log)
+        self.registers = OnChipScope("registers", self.register_bytes, self.log,
+                                     advice="choose smaller block_q/block_kv or a smaller d")
 
     def load(self, buffer: str, hbm: HBM | TiledHBM, tensor: str, index: tuple) -> np.ndarray:
         """Copy a tile from HBM into shared-memory buffer `buffer`; returns it as float32.
@@ -536,9 +540,9 @@ class SimulatedGPU:
     _cta_srams: list[SRAM] = attrs.field(factory=list)
 
     @classmethod
-    def build(cls, sram_bytes: int, record_events: bool = False) -> SimulatedGPU:
+    def build(cls, sram_bytes: int, record_events: bool = False, register_bytes: int | None = None) -> SimulatedGPU:
         log = EventLog() if record_events else None
-        return cls(HBM(log=log), SRAM(sram_bytes, log), Compute(log=log), log)
+        return cls(HBM(log=log), SRAM(sram_bytes, log, register_bytes), Compute(log=log), log)
 
     @contextlib.contextmanager
     def cta(self, *index: int) -> Iterator[None]:
@@ -554,7 +558,7 @@ class SimulatedGPU:
     def for_cta(self, index: tuple[int, ...]) -> SimulatedGPU:
         """The view one CTA runs on: the shared HBM and arithmetic, and its own SRAM (CTAs resident
         together each hold their tiles). `statistics()` reports the largest CTA's occupancy."""
-        sram = SRAM(self.sram.capacity_bytes, self.log)
+        sram = SRAM(self.sram.capacity_bytes, self.log, self.sram.register_bytes)
         self._cta_srams.append(sram)
         return SimulatedGPU(self.hbm.tiled_view(), sram, self.compute, self.log)
 

@@ -1,10 +1,12 @@
-"""What lives on chip, and at which scope: SRAM occupancy per query tile, and the three scopes of the
-softmax statistics (m, l over a whole head; m_i, l_i and a_i live in one CTA; the exported L).
+"""What lives on chip, and at which scope: shared memory and registers per query tile, and the three
+scopes of the softmax statistics (m, l over a whole head; m_i, l_i and a_i live in one CTA; the exported L).
 
 Every number is read off a FlashAttention-2 run on the simulated GPU: the buffers its CTAs hold
-(`run.events`), their peaks (`run.on_chip`) and the ledger (`run.traffic`). None of these scopes
-depends on the key length once there is a full KV tile, so the run uses one KV tile unless told
-otherwise: that keeps the lesson's N = 4096 instant without changing a byte of the report.
+(`run.events`), their peaks (`run.on_chip`) and the ledger (`run.traffic`). Shared memory holds Q_i and
+kv_stages x (K_j, V_j); registers hold m_i, l_i, a_i and S_ij (P_ij overwrites it), float32, as the
+backend kernel does: the report equals `Flash2Kernel.shared_bytes` for the same tiles. None of these
+scopes depends on the key length once every K/V stage has held a full tile, so the run uses kv_stages
+KV tiles unless told otherwise: that keeps the lesson's N = 4096 instant without changing a byte.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import numpy as np
 from simflash.api import flash_attention
 from simflash.config import DEFAULT_GPU, check_positive_int
 from simflash.memory import MemoryEvent
+from simflash.onchip import DEFAULT_KV_STAGES, check_kv_stages, cta_threads, lesson_tile_sizes
 
 SHARED = "shared memory"
 REGISTERS = "registers"
@@ -24,12 +27,14 @@ REGISTERS = "registers"
 
 @attrs.frozen
 class TileOccupancy:
-    """Shared memory of the query tiles first..last (0-based), which all hold the same buffers."""
+    """On-chip occupancy of the query tiles first..last (0-based), which all hold the same buffers."""
 
     first: int
     last: int
-    buffer_bytes: Mapping[str, int]  # largest size each buffer reached
-    peak_bytes: int  # most bytes live at once
+    buffer_bytes: Mapping[str, int]  # shared memory: largest size each buffer reached
+    peak_bytes: int  # shared memory: most bytes live at once
+    register_bytes: Mapping[str, int] = attrs.field(factory=dict)  # registers: largest size per buffer
+    register_peak_bytes: int = 0  # registers: most bytes live at once
 
 
 @attrs.frozen
@@ -40,7 +45,11 @@ class ScopesReport:
     block_q: int
     block_kv: int
     dtype: str
+    kv_stages: int
+    threads: int  # per CTA: one warp per 16 query rows, as the backend kernel launches it
     capacity_bytes: int  # the configured shared-memory carve-out
+    register_capacity_bytes: int  # the CTA's share of the register file
+    lesson_tiles: Mapping[str, int]  # the lesson's section 2 tile sizes, named as what they are
     tiles: tuple[TileOccupancy, ...]
     head_state_bytes: int  # m and l over every query row of one head (summed over its CTAs)
     cta_stats_bytes: int  # m_i and l_i held by one CTA
@@ -65,43 +74,47 @@ def _cta_occupancy(events: list[MemoryEvent]) -> tuple[dict[str, int], int]:
 
 def on_chip_scopes(
     n: int = 4096, d: int = 128, block_q: int = 128, block_kv: int = 64, dtype: str = "float16", *,
-    n_kv: int | None = None, gpu: str = DEFAULT_GPU, seed: int = 0,
+    n_kv: int | None = None, gpu: str = DEFAULT_GPU, seed: int = 0, kv_stages: int = DEFAULT_KV_STAGES,
 ) -> ScopesReport:
     """Run FlashAttention-2 on one head of random inputs and read the scopes off its buffers.
 
-    n_kv defaults to block_kv (one KV tile): any n_kv >= block_kv gives the same report.
+    n_kv defaults to kv_stages x block_kv (every K/V stage filled once): any n_kv >= that gives the same report.
     """
     n = check_positive_int("n", n)
     d = check_positive_int("d", d)
     block_kv = check_positive_int("block_kv", block_kv)
-    n_kv = block_kv if n_kv is None else check_positive_int("n_kv", n_kv)
+    kv_stages = check_kv_stages(kv_stages)
+    n_kv = kv_stages * block_kv if n_kv is None else check_positive_int("n_kv", n_kv)
     rng = np.random.default_rng(seed)
     q = rng.standard_normal((n, d))
     k = rng.standard_normal((n_kv, d))
     v = rng.standard_normal((n_kv, d))
     run = flash_attention(
         q, k, v, block_q=block_q, block_kv=block_kv, dtype=dtype, variant="fa2", trace="none",
-        write_logsumexp=True, gpu=gpu, record_events=True,
+        write_logsumexp=True, gpu=gpu, record_events=True, kv_stages=kv_stages,
     )
 
-    by_cta: dict[tuple[int, ...], list[MemoryEvent]] = {}
+    by_cta: dict[tuple[int, ...], dict[str, list[MemoryEvent]]] = {}
     for event in run.events:
-        if event.scope == SHARED:
-            by_cta.setdefault(event.cta, []).append(event)
+        if event.scope in (SHARED, REGISTERS):
+            by_cta.setdefault(event.cta, {SHARED: [], REGISTERS: []})[event.scope].append(event)
     groups: list[TileOccupancy] = []
     for (_, i), events in sorted(by_cta.items()):
-        buffers, peak = _cta_occupancy(events)
-        if groups and groups[-1].buffer_bytes == buffers and groups[-1].peak_bytes == peak:
+        tile = TileOccupancy(i, i, *_cta_occupancy(events[SHARED]), *_cta_occupancy(events[REGISTERS]))
+        if groups and attrs.evolve(groups[-1], first=i, last=i) == tile:
             groups[-1] = attrs.evolve(groups[-1], last=i)
         else:
-            groups.append(TileOccupancy(i, i, buffers, peak))
+            groups.append(tile)
 
     registers = run.on_chip.registers.peak_by_buffer
     statistics = ("m_i", "l_i")
     head_state = sum(e.nbytes for e in run.events if e.scope == REGISTERS and e.op == "hold" and e.name in statistics)
     return ScopesReport(
         n_q=n, n_kv=n_kv, d=d, block_q=run.config.block_q, block_kv=block_kv, dtype=dtype,
+        kv_stages=kv_stages, threads=cta_threads(min(block_q, n)),
         capacity_bytes=run.on_chip.shared.capacity_bytes,
+        register_capacity_bytes=run.on_chip.registers.capacity_bytes,
+        lesson_tiles=lesson_tile_sizes(min(block_q, n), min(block_kv, n_kv), d, dtype),
         tiles=tuple(groups),
         head_state_bytes=head_state,
         cta_stats_bytes=sum(registers[name] for name in statistics),

@@ -50,12 +50,14 @@ def test_lesson_section_6_short_sequence():
 
 
 def test_fused_kernel_holds_tiles_not_matrices():
-    hbm, shared, registers = fused_footprints(4096, 128, 128, 64)
+    hbm, shared, registers, lesson = fused_footprints(4096, 128, 128, 64)
     assert hbm.size_bytes == 0
-    assert shared.size_bytes == (32 + 16 + 16 + 16) * KiB  # Q_i, K_j, V_j, S_ij (the lesson's section 2)
-    assert registers.size_bytes == 1 * KiB + 64 * KiB  # m_i, l_i and a_i (the lesson's section 3.3)
+    assert shared.size_bytes == (32 + 2 * (16 + 16)) * KiB  # Q_i and two stages of K_j, V_j, as the kernel
+    assert registers.size_bytes == 1 * KiB + 64 * KiB + 32 * KiB  # m_i, l_i, a_i (section 3.3) and S_ij in float32
+    assert lesson.size_bytes == (32 + 16 + 16 + 16) * KiB  # Q_i, K_j, V_j, S_ij at fp16 (the lesson's section 2)
+    assert "S_ij if it were stored at float16 16 KiB" in lesson.assumption
     short = fused_footprints(100, 64, 128, 64)  # tiles never exceed the sequence
-    assert short[2].size_bytes == (2 * 100 + 100 * 64) * 4
+    assert short[2].size_bytes == (2 * 100 + 100 * 64 + 100 * 64) * 4
 
 
 def test_bad_input():
@@ -72,7 +74,7 @@ def test_bad_input():
 def test_cli_footprint():
     result = runner.invoke(app, ["footprint"], env=WIDE)
     assert result.exit_code == 0, result.output
-    for text in ("64.00 MiB", "2.00 GiB", "64.00 GiB", "0.125 MiB", "131,072", "80.00 KiB", "65.00 KiB", "60.00 MiB"):
+    for text in ("64.00 MiB", "2.00 GiB", "64.00 GiB", "0.125 MiB", "131,072", "96.00 KiB", "97.00 KiB", "80.00 KiB", "60.00 MiB"):
         assert text in result.output
 
 

@@ -25,6 +25,26 @@ def _traffic(rows: list[list]) -> Traffic:
     return Traffic({(kernel, tensor): Flow(read, write) for kernel, tensor, read, write in rows})
 
 
+def _instrumented(record: dict) -> Traffic:
+    """A record's instrumented ledger. Records made before the kernel stopped loading Q_i in query tiles
+    with nothing to visit (issue 11, item 3) also count those tiles' Q_i: take exactly those bytes off
+    (and nothing else), so the other counts are still held to today's model. Remove once every record
+    comes from a kernel that skips them."""
+    c = record["config"]
+    traffic = _traffic(record["traffic"]["instrumented"])
+    b = np.dtype(np.float16).itemsize  # the GPU kernel's storage dtypes are 16-bit
+    visited = sf.model.traffic.kv_rows_visited(c["n_q"], c["n_kv"], c["block_q"], c["block_kv"], c["causal"],
+                                               c["causal_variant"])
+    empty_rows = sum(min(c["block_q"], c["n_q"] - i * c["block_q"]) for i, rows in enumerate(visited) if not rows)
+    key = ("flash2_forward", "Q")
+    all_rows = c["heads"] * c["n_q"] * c["d"] * b
+    if empty_rows and traffic.ledger[key].read_bytes == all_rows:
+        ledger = dict(traffic.ledger)
+        ledger[key] = Flow(all_rows - c["heads"] * empty_rows * c["d"] * b, ledger[key].write_bytes)
+        return Traffic(ledger)
+    return traffic
+
+
 @pytest.fixture(scope="module")
 def validation() -> dict:
     return _load("validate.json")
@@ -41,7 +61,7 @@ def test_counted_bytes_equal_the_closed_form_recomputed_now(validation):
         c = record["config"]
         model = sf.model.flash_traffic(c["n_q"], c["d"], c["block_q"], c["block_kv"], c["dtype"], c["causal"],
                                        n_kv=c["n_kv"], heads=c["heads"], causal_variant=c["causal_variant"])
-        assert _traffic(record["traffic"]["instrumented"]) == model, c
+        assert _instrumented(record) == model, c
 
 
 def test_counted_bytes_equal_a_fresh_simulation_for_the_small_configurations(validation):
@@ -54,7 +74,7 @@ def test_counted_bytes_equal_a_fresh_simulation_for_the_small_configurations(val
         k, v = (rng.standard_normal((c["heads"], c["n_kv"], c["d"])) for _ in range(2))
         sim = sf.flash_attention(q, k, v, c["block_q"], c["block_kv"], c["causal"], c["causal_variant"],
                                  dtype=c["dtype"], trace="none")
-        assert _traffic(record["traffic"]["instrumented"]) == sim.traffic, c
+        assert _instrumented(record) == sim.traffic, c
 
 
 def test_the_naive_gpu_ledger_matches_the_model_where_it_should(validation):

@@ -78,14 +78,17 @@ def test_sram_tracks_live_and_peak_bytes_and_refuses_overflow():
 
 
 def test_on_chip_buffers_at_the_lesson_configuration():
-    """Q_i 32 KiB, K_j and V_j 16 KiB, S_ij 16 KiB in shared memory; m_i, l_i 1 KiB + a_i 64 KiB held in registers."""
+    """Q_i 32 KiB and two stages of K_j, V_j 16 KiB in shared memory; m_i, l_i 1 KiB + a_i 64 KiB and S_ij
+    32 KiB (float32) held in registers."""
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((256, 128)) for _ in range(3))
     on_chip = sf.flash_attention(q, k, v, trace="none").on_chip
-    assert on_chip.shared.peak_by_buffer == {"Q_i": 32 * KiB, "K_j": 16 * KiB, "V_j": 16 * KiB, "S_ij": 16 * KiB}
-    assert on_chip.shared.peak_bytes == 80 * KiB and on_chip.shared.capacity_bytes == 228 * KiB
+    assert on_chip.shared.peak_by_buffer == {"Q_i": 32 * KiB, "K_j[0]": 16 * KiB, "V_j[0]": 16 * KiB,
+                                             "K_j[1]": 16 * KiB, "V_j[1]": 16 * KiB}
+    assert on_chip.shared.peak_bytes == 96 * KiB and on_chip.shared.capacity_bytes == 228 * KiB
     registers = on_chip.registers.peak_by_buffer
     assert registers["m_i"] + registers["l_i"] == 1 * KiB and registers["a_i"] == 64 * KiB
+    assert registers["S_ij"] == 128 * 64 * 4
 
 
 def test_flops_count_the_two_matmuls():

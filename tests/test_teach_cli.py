@@ -175,10 +175,10 @@ def test_verify_passes_and_covers_every_variant_and_exercise_4(invoke):
 
 
 def test_verify_checks_fail_for_an_algorithm_that_ignores_the_mask(monkeypatch):
-    def ignores_mask(gpu, sched, scale, trace, cta, write_logsumexp=False):
+    def ignores_mask(gpu, sched, scale, trace, cta, write_logsumexp=False, kv_stages=2):
         unmasked = teach.NoMaskSchedule(sched.n_q, sched.n_kv, sched.block_q, sched.block_kv,
                                         causal=sched.causal, causal_variant=sched.causal_variant)
-        return flash2_cta(gpu, unmasked, scale, trace, cta, write_logsumexp)
+        return flash2_cta(gpu, unmasked, scale, trace, cta, write_logsumexp, kv_stages)
 
     monkeypatch.setitem(FLASH_ALGORITHMS, "broken", attrs.evolve(FLASH_ALGORITHMS["fa2"], cta=ignores_mask))
     failed = [c for c in teach.causal_checks() if not c.passed]
@@ -206,7 +206,10 @@ def test_scopes_prints_the_lesson_scopes(invoke):
     result = invoke("scopes")
     assert result.exit_code == 0, result.output
     tiles = next(line for line in result.output.splitlines() if line.startswith("0-31"))
-    assert tiles.split() == ["0-31", "32", "KiB", "16", "KiB", "16", "KiB", "16", "KiB", "80", "KiB"]
+    assert tiles.split() == ["0-31", "32", "KiB", "16", "KiB", "16", "KiB", "16", "KiB", "16", "KiB", "96", "KiB"]
+    assert "0-31         512 B  512 B  64 KiB  32 KiB  97 KiB" in result.output  # registers: m_i l_i a_i S_ij
+    for name, size in (("Q_i tile", "32 KiB"), ("S_ij if it were stored at float16", "16 KiB")):
+        assert next(line for line in result.output.splitlines() if line.startswith(name)).endswith(size)
     for scope, size in (("running state, one head", "32 KiB"), ("live state, one CTA", "1 KiB"),
                         ("+ accumulator a_i", "64 KiB"), ("exported logsumexp", "16 KiB")):
         line = next(line for line in result.output.splitlines() if scope in line)

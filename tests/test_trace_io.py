@@ -310,7 +310,7 @@ def test_perfetto_timeline_of_a_tiled_run(tmp_path, variant, causal):
 def test_loads_name_the_buffer_they_fill():
     run = random_run(n_q=4, n_kv=4, block_q=4, block_kv=4, record_events=True)
     names = [r["name"] for r in timeline_of(run)["traceEvents"] if r.get("cat") == "load"]
-    assert names == ["load Q -> Q_i", "load K -> K_j", "load V -> V_j"]
+    assert names == ["load Q -> Q_i", "load K -> K_j[0]", "load V -> V_j[0]"]  # stage 0 of the K/V double buffer
 
 
 def test_perfetto_timeline_of_naive_has_a_process_per_kernel(tmp_path):

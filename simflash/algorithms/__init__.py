@@ -23,10 +23,12 @@ class TiledAlgorithm:
     o_accum_dtypes: tuple[str, ...] = ("storage",)
     allocate: Callable | None = None  # (hbm, o_accum_dtype) -> None: the HBM tensors besides Q, K, V, O
     output: Callable = lambda o_accum_dtype: "O"  # noqa: E731  the tensor holding the storage-dtype output
+    kernel_model: bool = False  # its on-chip state is the GPU kernel's (simflash.onchip): kv_stages, fit check
 
 
 FLASH_ALGORITHMS = {
-    "fa2": TiledAlgorithm(flash2.KERNEL, flash2.flash2_grid, flash2.flash2_cta, flash2.flash2_program),
+    "fa2": TiledAlgorithm(flash2.KERNEL, flash2.flash2_grid, flash2.flash2_cta, flash2.flash2_program,
+                          kernel_model=True),
     "fa1": TiledAlgorithm(flash1.KERNEL, flash1.flash1_grid, flash1.flash1_cta, o_accum_dtypes=flash1.O_ACCUM_DTYPES,
                           allocate=flash1.flash1_allocate, output=flash1.flash1_output),
 }

@@ -166,7 +166,8 @@ def flash1_cta(
             rows = sched.q_rows(i)
             l_i = sram.load("l_i", hbm, "l", (h, rows))  # (B_r,)
             m_i = sram.load("m_i", hbm, "m", (h, rows))  # (B_r,)
-            L_i = np.full(l_i.shape, -np.inf, dtype=STATE_DTYPE)  # (B_r,) logsumexp, for a backward pass
-            np.log(l_i, out=L_i, where=l_i > 0)
-            sram.store(hbm, "L", (h, rows), L_i + m_i)
+            # (B_r,) logsumexp, for a backward pass; +inf for a row that saw no key, so exp(S - L) = 0 there
+            L_i = np.full(l_i.shape, np.inf, dtype=STATE_DTYPE)
+            np.add(np.log(l_i, where=l_i > 0, out=np.zeros_like(l_i)), m_i, out=L_i, where=l_i > 0)
+            sram.store(hbm, "L", (h, rows), L_i)
             sram.free("l_i", "m_i")

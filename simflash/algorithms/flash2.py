@@ -19,6 +19,7 @@ import numpy as np
 from simflash.config import STATE_DTYPE
 from simflash.grid import CTA, Access, CTAProgram, block_key
 from simflash.memory import SimulatedGPU
+from simflash.onchip import DEFAULT_KV_STAGES
 from simflash.schedule import TileSchedule
 from simflash.trace import TileStep, TraceRequest
 
@@ -44,8 +45,13 @@ def flash2_cta(
     trace: TraceRequest,
     cta: CTA,
     write_logsumexp: bool = False,
+    kv_stages: int = DEFAULT_KV_STAGES,
 ) -> Iterator[TileStep | None]:
-    """The work of one CTA: query tile i of head h against its KV tiles. Yields after every KV tile."""
+    """The work of one CTA: query tile i of head h against its KV tiles. Yields after every KV tile.
+
+    Shared memory holds Q_i and kv_stages buffers of (K_j, V_j) (2: K_{j+1}, V_{j+1} arrive while tile j
+    computes, as the GPU kernel double-buffers them); S_ij, P_ij, m_i, l_i and a_i live in float32 registers.
+    """
     hbm, sram, compute = gpu.hbm, gpu.sram, gpu.compute
     h, i = cta.index
     d = hbm.shape("Q")[-1]
@@ -53,16 +59,27 @@ def flash2_cta(
     rows = sched.q_rows(i)
     B_r = rows.stop - rows.start
     recording = trace.records(h, i)
+    kv_tiles = sched.kv_tiles(i)  # causal: stops at the skip bound
+    if not kv_tiles:
+        # -- nothing to visit (every row's keys lie past the tile): exit without loading Q_i;
+        # each row saw no key, so O_i = 0 and L_i = +inf (a backward's exp(S - L) is then 0, not NaN)
+        sram.store(hbm, "O", (h, rows), np.zeros((B_r, d), dtype=STATE_DTYPE))
+        if write_logsumexp:
+            sram.store(hbm, "L", (h, rows), np.full(B_r, np.inf, dtype=STATE_DTYPE))
+        return
     Q_i = sram.load("Q_i", hbm, "Q", (h, rows))  # (B_r, d)
     m_i = sram.state("m_i", (B_r,), -np.inf)  # running row max
     l_i = sram.state("l_i", (B_r,), 0.0)  # running row sum of exp(S - m)
     a_i = sram.state("a_i", (B_r, d), 0.0)  # unnormalised output accumulator
 
-    for j in sched.kv_tiles(i):  # causal: stops at the skip bound
+    for t, j in enumerate(kv_tiles):
         cols = sched.kv_cols(j)
-        K_j = sram.load("K_j", hbm, "K", (h, cols))  # (B_c, d)
-        V_j = sram.load("V_j", hbm, "V", (h, cols))  # (B_c, d)
-        sram.alloc("S_ij", (B_r, cols.stop - cols.start), storage)
+        K_buf, V_buf = f"K_j[{t % kv_stages}]", f"V_j[{t % kv_stages}]"  # the stage buffers tile j fills
+        if t >= kv_stages:
+            sram.free(K_buf, V_buf)  # every warp is done with tile j - kv_stages: refill its buffers
+        K_j = sram.load(K_buf, hbm, "K", (h, cols))  # (B_c, d)
+        V_j = sram.load(V_buf, hbm, "V", (h, cols))  # (B_c, d)
+        sram.registers.hold("S_ij", B_r * (cols.stop - cols.start) * STATE_DTYPE.itemsize)  # P_ij reuses it
 
         # -- scores; mask future keys before the statistics see them
         S_ij = compute.matmul(Q_i, K_j.T) * scale  # (B_r, B_c)
@@ -83,7 +100,7 @@ def flash2_cta(
         P_ij = P_ij.astype(storage).astype(STATE_DTYPE)
         a_i = alpha[:, None] * a_i + compute.matmul(P_ij, V_j)  # (B_r, d)
         m_i = m_new
-        sram.free("K_j", "V_j", "S_ij")
+        sram.free("S_ij")
         yield trace.step(h, i, j, rows.start, masked, m_i, alpha, l_i, a_i) if recording else None
 
     # -- normalise once; a row that saw no key outputs 0
@@ -91,10 +108,13 @@ def flash2_cta(
     compute.elementwise(fp32=B_r * d)
     sram.store(hbm, "O", (h, rows), O_i)
     if write_logsumexp:
-        L_i = np.full(B_r, -np.inf, dtype=STATE_DTYPE)  # (B_r,) logsumexp, for a backward pass
-        np.log(l_i, out=L_i, where=l_i > 0)
-        sram.store(hbm, "L", (h, rows), L_i + m_i)
-    sram.free("Q_i", "m_i", "l_i", "a_i")
+        # -- logsumexp L_i = m_i + log l_i, for a backward; a row that saw no key gets +inf, as FA-2 writes it
+        seen = l_i > 0  # (B_r,)
+        L_i = np.full(B_r, np.inf, dtype=STATE_DTYPE)  # (B_r,)
+        L_i[seen] = m_i[seen] + np.log(l_i[seen])
+        sram.store(hbm, "L", (h, rows), L_i)
+    stages = min(len(kv_tiles), kv_stages)
+    sram.free("Q_i", *(f"{name}[{s}]" for s in range(stages) for name in ("K_j", "V_j")), "m_i", "l_i", "a_i")
 
 
 def flash2_program(sched: TileSchedule, cta: CTA, d: int, itemsize: int, write_logsumexp: bool = False) -> CTAProgram:
@@ -108,7 +128,9 @@ def flash2_program(sched: TileSchedule, cta: CTA, d: int, itemsize: int, write_l
     epilogue = (Access(block_key("O", h, rows), tile_bytes, write=True),)
     if write_logsumexp:
         epilogue += (Access(block_key("L", h, rows), (rows.stop - rows.start) * STATE_DTYPE.itemsize, write=True),)
-    return CTAProgram(cta, lambda step: kv_blocks[first + step], (Access(block_key("Q", h, rows), tile_bytes),), epilogue)
+    # a tile with nothing to visit exits without loading Q_i
+    prologue = (Access(block_key("Q", h, rows), tile_bytes),) if len(sched.kv_range(i)) else ()
+    return CTAProgram(cta, lambda step: kv_blocks[first + step], prologue, epilogue)
 
 
 @functools.lru_cache(maxsize=4)

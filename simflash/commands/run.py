@@ -48,11 +48,14 @@ class Row:
 
 
 def compare(n: int, d: int, dtype: str, block_q: int, block_kv: int, heads: int, seed: int,
-            progress: Progress | None = None, fa1_o_accum: str = "storage") -> list[Row]:
+            progress: Progress | None = None, fa1_o_accum: str = "storage", *,
+            write_logsumexp: bool = False) -> list[Row]:
     """Run naive and every tiled variant, unmasked then causal, on one set of random inputs.
 
     fa1_o_accum: the dtype FA-1 keeps its running O in ("storage" as the paper, "float32" as the
-    released kernel). model_matches also holds the FLOPs by kind against their closed form."""
+    released kernel). write_logsumexp: the tiled variants also write L = m + log l (as
+    FlashAttention-2's kernel always does). model_matches also holds the FLOPs by kind against their
+    closed form."""
     for name, value in (("n", n), ("d", d), ("heads", heads), ("block_q", block_q), ("block_kv", block_kv)):
         check_positive_int(name, value)
     storage_dtype(dtype)
@@ -86,10 +89,11 @@ def compare(n: int, d: int, dtype: str, block_q: int, block_kv: int, heads: int,
             step(f"{variant} tiled")
             o_accum = fa1_o_accum if variant == "fa1" else "storage"
             run = sf.flash_attention(q, k, v, block_q, block_kv, causal=causal, dtype=dtype,
-                                     variant=variant, trace="none", o_accum_dtype=o_accum)
+                                     variant=variant, trace="none", o_accum_dtype=o_accum,
+                                     write_logsumexp=write_logsumexp)
             error = relative_error(run.out, ref)
             model = sf.model.flash_traffic(n, d, block_q, block_kv, dtype, causal, variant, heads=heads,
-                                           o_accum_dtype=o_accum)
+                                           o_accum_dtype=o_accum, write_logsumexp=write_logsumexp)
             flops = sf.model.flops_by_kind(n, d, variant, causal, block_q, block_kv, heads=heads)
             name = f"{variant} (O in float32)" if o_accum == "float32" else variant
             rows.append(Row(f"{name}, {mask}", variant, causal, run.traffic, baseline,
@@ -176,19 +180,23 @@ def run(
         "--fa1-o-accum", help="Where FA-1 keeps its running O in HBM: storage (the paper) or float32 "
                               "(the released kernel; twice O's round-trip bytes).")] = "storage",
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
+    write_logsumexp: Annotated[bool, typer.Option(
+        "--write-logsumexp", help="Tiled variants also write the logsumexp L (FlashAttention-2's kernel always does: "
+                                  "+4 bytes per query row).")] = False,
 ) -> None:
     """Run naive and tiled attention (unmasked and causal) and print the lesson's traffic table."""
     console = make_console(stderr=as_json)
     try:
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                       console=console, transient=True) as progress:
-            rows = compare(n, d, dtype, block_q, block_kv, heads, seed, progress, fa1_o_accum)
+            rows = compare(n, d, dtype, block_q, block_kv, heads, seed, progress, fa1_o_accum,
+                           write_logsumexp=write_logsumexp)
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
     if as_json:
         print(json.dumps({"n": n, "d": d, "dtype": dtype, "block_q": block_q, "block_kv": block_kv,
                           "heads": heads, "seed": seed, "fa1_o_accum_dtype": fa1_o_accum,
-                          "rows": [r.to_dict() for r in rows]}, indent=2))
+                          "write_logsumexp": write_logsumexp, "rows": [r.to_dict() for r in rows]}, indent=2))
     else:
         _print_tables(console, rows, n, d, dtype, block_q, block_kv, heads, fa1_o_accum)
     if not all(r.passed is not False and r.model_matches for r in rows):

@@ -429,23 +429,40 @@ def scopes_command(
     block_q: int = typer.Option(128, "--block-q", help="Query tile rows B_r."),
     block_kv: int = typer.Option(64, "--block-kv", help="KV tile rows B_c."),
     dtype: str = typer.Option("float16", "--dtype", help=f"Storage dtype, one of {sorted(STORAGE_DTYPES)}."),
-    n_kv: Optional[int] = typer.Option(None, "--n-kv", help="Key rows (default B_c: no scope depends on it)."),
+    n_kv: Optional[int] = typer.Option(None, "--n-kv",
+                                       help="Key rows (default kv_stages x B_c: no scope depends on it)."),
+    kv_stages: int = typer.Option(2, "--kv-stages", help="K_j, V_j buffers in shared memory: 2 (the kernel's) or 1."),
+    gpu: str = typer.Option(DEFAULT_GPU, "--gpu", help="GPU whose shared memory and register file bound the tiles."),
 ) -> None:
-    """What lives on chip: SRAM per query tile, and the three scopes of the softmax statistics."""
+    """What lives on chip: shared memory and registers per query tile, and the scopes of the statistics."""
     try:
-        report = on_chip_scopes(n, d, block_q, block_kv, dtype, n_kv=n_kv)
+        report = on_chip_scopes(n, d, block_q, block_kv, dtype, n_kv=n_kv, kv_stages=kv_stages, gpu=gpu)
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
-    names = list(dict.fromkeys(name for tile in report.tiles for name in tile.buffer_bytes))
-    rows = [[f"{t.first}-{t.last}" if t.last > t.first else str(t.first),
-             *(_size(t.buffer_bytes.get(name, 0)) for name in names), _size(t.peak_bytes)] for t in report.tiles]
+
+    def occupancy(field: str, peak: str) -> tuple[list[str], list[list[str]]]:
+        names = list(dict.fromkeys(name for tile in report.tiles for name in getattr(tile, field)))
+        return names, [[f"{t.first}-{t.last}" if t.last > t.first else str(t.first),
+                        *(_size(getattr(t, field).get(name, 0)) for name in names), _size(getattr(t, peak))]
+                       for t in report.tiles]
+
+    shared_names, shared_rows = occupancy("buffer_bytes", "peak_bytes")
+    register_names, register_rows = occupancy("register_bytes", "register_peak_bytes")
     lines = [
         f"FlashAttention-2 on the simulated GPU, one head: N = {report.n_q}, d = {report.d}, {report.dtype}, "
-        f"B_r = {report.block_q}, B_c = {report.block_kv}",
-        f"(run with n_kv = {report.n_kv}; any n_kv >= B_c gives the same numbers below)",
+        f"B_r = {report.block_q}, B_c = {report.block_kv}, {report.threads} threads per CTA",
+        f"(run with n_kv = {report.n_kv}; any n_kv >= {report.kv_stages} x B_c gives the same numbers below)",
         "",
-        f"shared memory per query tile (capacity {_size(report.capacity_bytes)}):",
-        _table(["query tiles", *names, "peak"], rows),
+        f"shared memory per query tile: Q_i and {report.kv_stages} stage(s) of K_j, V_j "
+        f"(capacity {_size(report.capacity_bytes)}):",
+        _table(["query tiles", *shared_names, "peak"], shared_rows),
+        "",
+        f"registers per query tile, float32; P_ij overwrites S_ij "
+        f"(capacity {_size(report.register_capacity_bytes)}, {report.threads} threads):",
+        _table(["query tiles", *register_names, "peak"], register_rows),
+        "",
+        "the lesson's tile sizes (section 2), named as what they are:",
+        _table(["tile", "size"], [[name, _size(nbytes)] for name, nbytes in report.lesson_tiles.items()]),
         "",
         "the softmax statistics, three scopes:",
         _table(["scope", "what it counts", "size"], [

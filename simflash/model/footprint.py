@@ -16,6 +16,7 @@ import numpy as np
 from simflash.config import GPUS, STATE_DTYPE, check_positive_int, gpu_spec
 from simflash.memory import OnChipStats
 from simflash.model.traffic import flash_traffic, naive_traffic
+from simflash.onchip import check_kv_stages, cta_resources, lesson_tile_sizes
 
 
 @attrs.frozen
@@ -50,35 +51,50 @@ def intermediate_footprints(
 
 
 def cta_on_chip(d: int = 128, block_q: int = 128, block_kv: int = 64, dtype: str = "float16",
-                gpu: str = "H200") -> OnChipStats:
-    """Peak shared-memory tiles and register state of one CTA, measured by simulating one query tile."""
+                gpu: str = "H200", kv_stages: int = 2) -> OnChipStats:
+    """Peak shared-memory tiles and register state of one CTA, measured by simulating one query tile
+    against kv_stages KV tiles (every K/V stage buffer filled once)."""
     from simflash.api import flash_attention  # the simulator builds on the model package, not the reverse
 
     d = check_positive_int("d", d)
     rng = np.random.default_rng(0)  # values do not change what one CTA holds; sizes do
     q = rng.standard_normal((check_positive_int("block_q", block_q), d))
-    k, v = rng.standard_normal((2, check_positive_int("block_kv", block_kv), d))
-    return flash_attention(q, k, v, block_q=block_q, block_kv=block_kv, dtype=dtype, gpu=gpu, trace="none").on_chip
+    k, v = rng.standard_normal((2, check_positive_int("block_kv", block_kv) * kv_stages, d))
+    return flash_attention(q, k, v, block_q=block_q, block_kv=block_kv, dtype=dtype, gpu=gpu, trace="none",
+                           kv_stages=kv_stages).on_chip
+
+
+def _held(buffers: dict[str, int]) -> str:
+    return " + ".join(f"{buffer} {nbytes / 1024:g} KiB" for buffer, nbytes in buffers.items())
 
 
 def fused_footprints(n: int = 4096, d: int = 128, block_q: int = 128, block_kv: int = 64, dtype: str = "float16",
-                     gpu: str = "H200") -> list[Footprint]:
-    """What the fused kernel holds instead: nothing quadratic in HBM, tile-sized buffers on chip."""
+                     gpu: str = "H200", kv_stages: int = 2) -> list[Footprint]:
+    """What the fused kernel holds instead: nothing quadratic in HBM, tile-sized buffers on chip.
+
+    Shared memory and registers are those of one simulated CTA, which hold what the backend kernel
+    allocates (`Flash2Kernel.shared_bytes`); the last row is the lesson's single-buffered tile set,
+    with S_ij as it would be if it were stored at the storage dtype."""
     n = check_positive_int("n", n)
     block_q, block_kv = min(check_positive_int("block_q", block_q), n), min(check_positive_int("block_kv", block_kv), n)
-    on_chip = cta_on_chip(d, block_q, block_kv, dtype, gpu)  # tiles never exceed the sequence
+    kv_stages = check_kv_stages(kv_stages)
+    on_chip = cta_on_chip(d, block_q, block_kv, dtype, gpu, kv_stages)  # tiles never exceed the sequence
     shared, registers = on_chip.shared, on_chip.registers
     fused = flash_traffic(n, d, block_q, block_kv, dtype).by_tensor
-
-    def held(buffers: dict[str, int]) -> str:
-        return " + ".join(f"{buffer} {nbytes / 1024:g} KiB" for buffer, nbytes in buffers.items())
+    resources = cta_resources(block_q, block_kv, d, dtype, kv_stages)
+    lesson = lesson_tile_sizes(block_q, block_kv, d, dtype)
 
     return [
         Footprint("S + P in HBM, fused kernel, one head", "never materialised off chip",
                   sum(fused[t].total_bytes for t in ("S", "P") if t in fused)),
-        Footprint("Shared-memory tiles, one CTA", f"peak of {held(shared.peak_by_buffer)}", shared.peak_bytes),
-        Footprint("Register state, one CTA", f"peak of {held(registers.peak_by_buffer)} ({STATE_DTYPE})",
+        Footprint("Shared-memory tiles, one CTA", f"{resources.describe_shared()}: peak of {_held(shared.peak_by_buffer)}",
+                  shared.peak_bytes),
+        Footprint("Register state, one CTA",
+                  f"peak of {_held(registers.peak_by_buffer)} ({STATE_DTYPE}; P_ij overwrites S_ij) "
+                  f"over {resources.threads} threads: {resources.registers_per_thread} registers each, at least",
                   registers.peak_bytes),
+        Footprint("The lesson's tile set (section 2)",
+                  f"single-buffered, S_ij stored on chip: {_held(lesson)}", sum(lesson.values())),
     ]
 
 

@@ -76,10 +76,15 @@ def kv_rows_visited(n_q: int, n_kv: int, block_q: int, block_kv: int, causal: bo
 
 
 def fa2_traffic(n_q, n_kv, d, block_q, block_kv, b, causal, causal_variant, write_logsumexp) -> dict:
-    """FA-2: per query tile read Q_i once and every visited K_j, V_j; write O_i once (and L_i)."""
-    kv_rows = sum(kv_rows_visited(n_q, n_kv, block_q, block_kv, causal, causal_variant))
+    """FA-2: per query tile read Q_i once and every visited K_j, V_j; write O_i once (and L_i).
+
+    A query tile with no KV tile to visit (lower_right causal with n_q > n_kv) exits without reading
+    Q_i; it still writes its O_i rows (zeros) and L_i (+inf)."""
+    visited = kv_rows_visited(n_q, n_kv, block_q, block_kv, causal, causal_variant)
+    kv_rows = sum(visited)
+    q_rows = sum(min(block_q, n_q - start) for start, rows in zip(range(0, n_q, block_q), visited) if rows)
     ledger = {
-        ("flash2_forward", "Q"): Flow(read_bytes=n_q * d * b),
+        ("flash2_forward", "Q"): Flow(read_bytes=q_rows * d * b),
         ("flash2_forward", "K"): Flow(read_bytes=kv_rows * d * b),
         ("flash2_forward", "V"): Flow(read_bytes=kv_rows * d * b),
         ("flash2_forward", "O"): Flow(write_bytes=n_q * d * b),
