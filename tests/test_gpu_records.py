@@ -25,26 +25,6 @@ def _traffic(rows: list[list]) -> Traffic:
     return Traffic({(kernel, tensor): Flow(read, write) for kernel, tensor, read, write in rows})
 
 
-def _instrumented(record: dict) -> Traffic:
-    """A record's instrumented ledger. Records made before the kernel stopped loading Q_i in query tiles
-    with nothing to visit (issue 11, item 3) also count those tiles' Q_i: take exactly those bytes off
-    (and nothing else), so the other counts are still held to today's model. Remove once every record
-    comes from a kernel that skips them."""
-    c = record["config"]
-    traffic = _traffic(record["traffic"]["instrumented"])
-    b = np.dtype(np.float16).itemsize  # the GPU kernel's storage dtypes are 16-bit
-    visited = sf.model.traffic.kv_rows_visited(c["n_q"], c["n_kv"], c["block_q"], c["block_kv"], c["causal"],
-                                               c["causal_variant"])
-    empty_rows = sum(min(c["block_q"], c["n_q"] - i * c["block_q"]) for i, rows in enumerate(visited) if not rows)
-    key = ("flash2_forward", "Q")
-    all_rows = c["heads"] * c["n_q"] * c["d"] * b
-    if empty_rows and traffic.ledger[key].read_bytes == all_rows:
-        ledger = dict(traffic.ledger)
-        ledger[key] = Flow(all_rows - c["heads"] * empty_rows * c["d"] * b, ledger[key].write_bytes)
-        return Traffic(ledger)
-    return traffic
-
-
 @pytest.fixture(scope="module")
 def validation() -> dict:
     return _load("validate.json")
@@ -61,7 +41,7 @@ def test_counted_bytes_equal_the_closed_form_recomputed_now(validation):
         c = record["config"]
         model = sf.model.flash_traffic(c["n_q"], c["d"], c["block_q"], c["block_kv"], c["dtype"], c["causal"],
                                        n_kv=c["n_kv"], heads=c["heads"], causal_variant=c["causal_variant"])
-        assert _instrumented(record) == model, c
+        assert _traffic(record["traffic"]["instrumented"]) == model, c
 
 
 def test_counted_bytes_equal_a_fresh_simulation_for_the_small_configurations(validation):
@@ -74,7 +54,7 @@ def test_counted_bytes_equal_a_fresh_simulation_for_the_small_configurations(val
         k, v = (rng.standard_normal((c["heads"], c["n_kv"], c["d"])) for _ in range(2))
         sim = sf.flash_attention(q, k, v, c["block_q"], c["block_kv"], c["causal"], c["causal_variant"],
                                  dtype=c["dtype"], trace="none")
-        assert _instrumented(record) == sim.traffic, c
+        assert _traffic(record["traffic"]["instrumented"]) == sim.traffic, c
 
 
 def test_the_naive_gpu_ledger_matches_the_model_where_it_should(validation):
@@ -164,3 +144,25 @@ def test_docs_show_the_tables_of_the_committed_results():
     page = (REPO / "docs" / "gpu.md").read_text()
     for name, table in report.tables(report.load(RESULTS)).items():
         assert report.markdown(table) in page, f"docs/gpu.md lacks the current {name} table: run simflash gpu report"
+
+
+def test_bench_counts_the_naive_path_s_bytes_as_the_closed_form():
+    """The naive path's logical bytes in the bench come from its instrumented build: S read and P
+    written by the softmax included (the timed build counts nothing)."""
+    rows = _load("bench.json")["rows"]
+    checked = 0
+    for row in rows:
+        c = row["config"]
+        if "naive" not in row or c["causal"]:
+            continue
+        model = sf.model.naive_traffic(c["n"], c["d"], "float16", heads=c["heads"]).total_bytes
+        assert row["naive"]["logical_bandwidth"]["bytes"] == model
+        checked += 1
+    assert checked >= 4
+
+
+def test_the_validation_covers_d_256(validation):
+    configs = [r["config"] for r in validation["records"] if r["config"]["d"] == 256]
+    assert {c["dtype"] for c in configs} == {"float16", "bfloat16"} and any(c["causal"] for c in configs)
+    assert all(r["ok"] for r in validation["records"] if r["config"]["d"] == 256)
+    assert any(r["case"].startswith("d=256") and r["refused"] for r in validation["refusals"])
