@@ -105,7 +105,7 @@ def flash2_cta(
 
     # -- normalise once; a row that saw no key outputs 0
     O_i = np.divide(a_i, l_i[:, None], out=np.zeros_like(a_i), where=l_i[:, None] > 0)
-    compute.elementwise(fp32=B_r * d)
+    compute.elementwise(div=B_r * d)
     sram.store(hbm, "O", (h, rows), O_i)
     if write_logsumexp:
         # -- logsumexp L_i = m_i + log l_i, for a backward; a row that saw no key gets +inf, as FA-2 writes it

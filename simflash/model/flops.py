@@ -20,9 +20,6 @@ from simflash.model.traffic import _sizes, kv_rows_visited
 
 KINDS = ("tensor", "exp", "fp32", "div")
 
-# flash2.py counts its final a_i / l_i division with the other float32 work (compute.elementwise(fp32=...));
-# the day it counts it as div=..., this says "div" and the closed form follows.
-FA2_FINAL_DIVISION_KIND = "fp32"
 
 
 def _tiles(n_q, n_kv, block_q, block_kv, causal, causal_variant):
@@ -42,9 +39,11 @@ def naive_flops(n_q, n_kv, d) -> dict[str, int]:
 
 def fa2_flops(n_q, n_kv, d, block_q, block_kv, causal, causal_variant) -> dict[str, int]:
     scores, step_rows = _tiles(n_q, n_kv, block_q, block_kv, causal, causal_variant)
-    counts = {"tensor": 4 * scores * d, "exp": scores + step_rows, "fp32": 5 * scores + step_rows * d, "div": 0}
-    counts[FA2_FINAL_DIVISION_KIND] += n_q * d  # a_i / l_i, once per query tile (every tile, visited or not)
-    return counts
+    kv_rows = kv_rows_visited(n_q, n_kv, block_q, block_kv, causal, causal_variant)
+    q_rows = [min(block_q, n_q - start) for start in range(0, n_q, block_q)]
+    normalised = sum(r for r, kv in zip(q_rows, kv_rows) if kv)  # a tile that visits nothing exits before it
+    return {"tensor": 4 * scores * d, "exp": scores + step_rows, "fp32": 5 * scores + step_rows * d,
+            "div": normalised * d}  # a_i / l_i once, after the last KV tile
 
 
 def fa1_flops(n_q, n_kv, d, block_q, block_kv, causal, causal_variant) -> dict[str, int]:
