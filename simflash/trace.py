@@ -8,43 +8,14 @@ from typing import Any
 import attrs
 import numpy as np
 
-from simflash.config import MiB, STATE_DTYPE
+from simflash import trace_files
+from simflash.config import STATE_DTYPE, MiB
+from simflash.trace_step import TRACE_LEVELS, TileStep
 
-TRACE_LEVELS = ("none", "stats", "full")  # stats: m, alpha, l; full: plus the accumulator a
+__all__ = ["DEFAULT_TRACE_BUDGET_BYTES", "TRACE_LEVELS", "TileStep", "Trace", "TraceRequest", "trace_request"]
 
 # A default trace must stay small whatever N is; larger ones are asked for by naming tiles.
 DEFAULT_TRACE_BUDGET_BYTES = 64 * MiB
-
-
-@attrs.frozen(eq=False)
-class TileStep:
-    """The state of query tile `i` (head `head`) right after KV tile `j` was folded in.
-
-    m, alpha, l are float32 arrays over the tile's rows (global rows `rows`); a is (rows, d), or
-    None in a "stats" trace. `masked` says whether the tile needed element masking. alpha is
-    exp(m_old - m_new), the factor that moves the state kept so far onto the new running max.
-
-    Algorithms that keep tile-local statistics (FA-1's Algorithm 1) also record them: m_tile
-    (m~_ij = rowmax(S_ij)), l_tile (l~_ij = rowsum(exp(S_ij - m~_ij))) and beta (exp(m~_ij - m_new),
-    the factor that moves the tile onto the new max). The others leave them None.
-    """
-
-    head: int
-    i: int
-    j: int
-    row_start: int
-    masked: bool
-    m: np.ndarray
-    alpha: np.ndarray
-    l: np.ndarray  # noqa: E741 (the paper's symbol)
-    a: np.ndarray | None
-    m_tile: np.ndarray | None = None
-    l_tile: np.ndarray | None = None
-    beta: np.ndarray | None = None
-
-    @property
-    def rows(self) -> range:
-        return range(self.row_start, self.row_start + self.m.size)
 
 
 @attrs.frozen(eq=False)
@@ -70,17 +41,15 @@ class Trace(Sequence[TileStep]):
 
     def save(self, path, format: str | None = None, *, events=()):
         """Write the trace by suffix: .json (readable), .npz (arrays), .perfetto.json (a timeline
-        drawn from `events`, a run's `run.events`). See simflash.trace_io."""
-        from simflash import trace_io  # trace_io builds on this module
-
-        return trace_io.save(self, path, format, events=events)
+        drawn from `events`, a run's `run.events`). See simflash.trace_files."""
+        return trace_files.save(self, path, format, events=events)
 
     @classmethod
     def load(cls, path, format: str | None = None) -> Trace:
-        """Read a trace written by `save` as .json or .npz."""
-        from simflash import trace_io
-
-        return trace_io.load(path, format)
+        """Read a trace written by `save` as .json or .npz; a damaged, foreign or Perfetto file raises
+        simflash.trace_files.TraceFileError (a ValueError) naming the file and the field."""
+        contents = trace_files.read(path, format)
+        return cls(contents.level, contents.steps, contents.config)
 
 
 @attrs.frozen

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 import simflash as sf
-from simflash import trace_io
+from simflash import golden
 from simflash.algorithms import FLASH_ALGORITHMS
 from simflash.cli import app
 
@@ -19,20 +19,20 @@ TRACES = Path(__file__).resolve().parents[1] / "traces"
 
 
 def test_committed_golden_traces_match_the_code():
-    problems = trace_io.check_golden(TRACES)
+    problems = golden.check_golden(TRACES)
     assert problems == [], "\n".join(problems) + "\nregenerate with `simflash golden` if the change is intended"
 
 
 def test_every_case_has_a_trace_and_a_timeline_per_variant():
     names = {path.name for path in TRACES.glob("*.json")}
-    for case in trace_io.GOLDEN_CASES:
+    for case in golden.GOLDEN_CASES:
         for variant in FLASH_ALGORITHMS:
             assert {f"{case}.{variant}.json", f"{case}.{variant}.perfetto.json"} <= names
 
 
 @pytest.mark.parametrize("variant", list(FLASH_ALGORITHMS))
 def test_two_tile_trace_is_the_worked_example(variant):
-    case = trace_io.GOLDEN_CASES["two_tile"]()
+    case = golden.GOLDEN_CASES["two_tile"]()
     trace = sf.Trace.load(TRACES / f"two_tile.{variant}.json")
     assert [(s.i, s.j) for s in trace] == [(0, 0), (0, 1)]
     # Independent float64 reference: scores and the full-row softmax.
@@ -57,7 +57,7 @@ def test_two_tile_trace_is_the_worked_example(variant):
 
 
 def test_fa2_two_tile_accumulator_is_unnormalised_until_the_end():
-    case = trace_io.GOLDEN_CASES["two_tile"]()
+    case = golden.GOLDEN_CASES["two_tile"]()
     trace = sf.Trace.load(TRACES / "two_tile.fa2.json")
     scores = case.k @ case.q[0]
     a1 = np.exp(scores[:2] - 8.0) @ case.v[:2]
@@ -90,7 +90,7 @@ def test_ragged_cases_have_short_edge_tiles(variant):
 
 
 def test_golden_perfetto_files_are_timelines_of_the_runs():
-    for run in trace_io.golden_runs(["two_tile"]):
+    for run in golden.golden_runs(["two_tile"]):
         committed = json.loads((TRACES / f"{run.stem}.perfetto.json").read_text())
         totals = [r["args"]["total"] for r in committed["traceEvents"] if r["name"] == "HBM bytes, cumulative"]
         assert totals[-1] == sum(e.nbytes for e in run.events if e.op in ("read", "write"))
@@ -107,7 +107,7 @@ def test_check_catches_a_changed_value(golden_copy):
     doc = json.loads(path.read_text())
     doc["steps"][3]["l"][1] *= 1 + 1e-4
     path.write_text(json.dumps(doc))
-    assert trace_io.check_golden(golden_copy) == [f"{path}: step 3 (head 0, i 1, j 1): l differs"]
+    assert golden.check_golden(golden_copy) == [f"{path}: step 3 (head 0, i 1, j 1): l differs"]
 
 
 def test_check_tolerates_rounding_but_not_structure(golden_copy):
@@ -116,10 +116,10 @@ def test_check_tolerates_rounding_but_not_structure(golden_copy):
     value = np.float32(doc["steps"][0]["a"][0][0])
     doc["steps"][0]["a"][0][0] = float(np.nextafter(value, np.float32(np.inf)))  # one ulp: within tolerance
     path.write_text(json.dumps(doc))
-    assert trace_io.check_golden(golden_copy) == []
+    assert golden.check_golden(golden_copy) == []
     doc["steps"][0]["masked"] = not doc["steps"][0]["masked"]
     path.write_text(json.dumps(doc))
-    assert trace_io.check_golden(golden_copy) == [f"{path}: step 0 (head 0, i 0, j 0): masked differs"]
+    assert golden.check_golden(golden_copy) == [f"{path}: step 0 (head 0, i 0, j 0): masked differs"]
 
 
 def test_check_catches_missing_stale_damaged_and_changed_timelines(golden_copy):
@@ -128,7 +128,7 @@ def test_check_catches_missing_stale_damaged_and_changed_timelines(golden_copy):
     (golden_copy / "causal16.fa2.json").write_text('{"format": "simflash.trace", "schema_')
     timeline = golden_copy / "two_tile.fa2.perfetto.json"
     timeline.write_text(timeline.read_text().replace('"bytes":16', '"bytes":17', 1))
-    problems = trace_io.check_golden(golden_copy)
+    problems = golden.check_golden(golden_copy)
     assert any("ragged.fa2.json: missing" in p for p in problems)
     assert any("old_case.fa2.json: not produced by any golden case" in p for p in problems)
     assert any("causal16.fa2.json: not a complete JSON document" in p for p in problems)

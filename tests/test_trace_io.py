@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import simflash as sf
-from simflash import trace_io
+from simflash import perfetto, trace_diff, trace_files, trace_schema
 from simflash.algorithms import FLASH_ALGORITHMS
 from simflash.cli import app
-from simflash.trace_io import TraceFileError
+from simflash.trace_schema import TraceFileError
 
 
 def random_run(seed=0, n_q=10, n_kv=7, d=4, heads=1, block_q=4, block_kv=3, level="full", variant="fa2",
@@ -56,7 +56,7 @@ def test_round_trip_is_lossless(tmp_path, suffix, level):
     back = sf.Trace.load(path)
     assert_identical(run.trace, back)
     assert (back[0].a is None) == (level == "stats")
-    assert trace_io.trace_differences(run.trace, back) == []
+    assert trace_diff.trace_differences(run.trace, back) == []
 
 
 @pytest.mark.parametrize("suffix", SUFFIXES)
@@ -94,7 +94,7 @@ def test_json_is_readable_and_strict(tmp_path):
     run = random_run(causal=True, causal_variant="lower_right")
     text = run.trace.save(tmp_path / "t.json").read_text()
     doc = json.loads(text, parse_constant=lambda name: pytest.fail(f"non-standard JSON constant {name}"))
-    assert doc["format"] == trace_io.FORMAT_NAME and doc["schema_version"] == trace_io.SCHEMA_VERSION
+    assert doc["format"] == trace_schema.FORMAT_NAME and doc["schema_version"] == trace_schema.SCHEMA_VERSION
     assert doc["config"]["algorithm"] == "fa2" and doc["config"]["n_q"] == 10
     assert '"-inf"' in text  # non-finite values spelled as strings
     # One line per step, after an indented header.
@@ -102,14 +102,14 @@ def test_json_is_readable_and_strict(tmp_path):
 
 
 def test_format_comes_from_the_suffix_or_the_argument(tmp_path):
-    assert trace_io.format_for("a.json") == "json"
-    assert trace_io.format_for("a.NPZ") == "npz"
-    assert trace_io.format_for("run.perfetto.json") == "perfetto"
-    assert trace_io.format_for("anything", "npz") == "npz"
+    assert trace_files.format_for("a.json") == "json"
+    assert trace_files.format_for("a.NPZ") == "npz"
+    assert trace_files.format_for("run.perfetto.json") == "perfetto"
+    assert trace_files.format_for("anything", "npz") == "npz"
     with pytest.raises(ValueError, match="path must end in"):
-        trace_io.format_for("a.txt")
+        trace_files.format_for("a.txt")
     with pytest.raises(ValueError, match="format must be one of"):
-        trace_io.format_for("a.json", "yaml")
+        trace_files.format_for("a.json", "yaml")
     run = random_run()
     path = run.trace.save(tmp_path / "no_suffix", format="json")
     assert_identical(run.trace, sf.Trace.load(path, format="json"))
@@ -162,13 +162,13 @@ def test_binary_garbage_named_json_is_refused(tmp_path):
 def test_wrong_version_is_refused(saved):
     json_path, npz_path = saved
     doc = json.loads(json_path.read_text())
-    doc["schema_version"] = trace_io.SCHEMA_VERSION + 1
+    doc["schema_version"] = trace_schema.SCHEMA_VERSION + 1
     json_path.write_text(json.dumps(doc))
     with pytest.raises(TraceFileError, match="schema version 2 is not supported"):
         sf.Trace.load(json_path)
     with np.load(npz_path, allow_pickle=False) as archive:
         arrays = {key: archive[key] for key in archive.files}
-    arrays["schema_version"] = np.array(trace_io.SCHEMA_VERSION + 1)
+    arrays["schema_version"] = np.array(trace_schema.SCHEMA_VERSION + 1)
     np.savez(npz_path, **arrays)
     with pytest.raises(TraceFileError, match="schema version 2 is not supported"):
         sf.Trace.load(npz_path)
@@ -263,7 +263,7 @@ def check_chrome_trace(document: dict) -> None:
 
 
 def timeline_of(run) -> dict:
-    return trace_io.perfetto_document(run.events, run.trace.config)
+    return perfetto.perfetto_document(run.events, run.trace.config)
 
 
 def counter_values(document: dict, name: str) -> list[dict]:
@@ -339,14 +339,14 @@ def test_perfetto_needs_events_and_cannot_be_loaded_as_a_trace(tmp_path):
 def test_trace_differences_reports_what_changed():
     run = random_run(causal=True)
     other = random_run(causal=True)
-    assert trace_io.trace_differences(run.trace, other.trace) == []
+    assert trace_diff.trace_differences(run.trace, other.trace) == []
     nudged = other.trace.steps[2].l
     nudged[0] = np.nextafter(nudged[0], np.float32(np.inf))  # one float32 ulp
-    assert trace_io.trace_differences(run.trace, other.trace) == [
+    assert trace_diff.trace_differences(run.trace, other.trace) == [
         f"step 2 (head 0, i {run.trace[2].i}, j {run.trace[2].j}): l differs"]
-    assert trace_io.trace_differences(run.trace, other.trace, rtol=1e-6) == []
+    assert trace_diff.trace_differences(run.trace, other.trace, rtol=1e-6) == []
     shorter = sf.Trace(run.trace.level, run.trace.steps[:-1], run.trace.config)
-    assert trace_io.trace_differences(run.trace, shorter) == [f"{len(run.trace) - 1} steps != {len(run.trace)}"]
+    assert trace_diff.trace_differences(run.trace, shorter) == [f"{len(run.trace) - 1} steps != {len(run.trace)}"]
 
 
 @pytest.mark.parametrize("algorithm", ["naive", *FLASH_ALGORITHMS])

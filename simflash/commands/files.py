@@ -12,7 +12,8 @@ from rich.console import Console
 from rich.markup import escape
 
 import simflash as sf
-from simflash import plots, trace_io
+from simflash import golden as golden_traces
+from simflash import plots, trace_files
 from simflash.algorithms import FLASH_ALGORITHMS
 from simflash.config import CAUSAL_VARIANTS, STORAGE_DTYPES
 
@@ -51,11 +52,16 @@ def _bad(error: ValueError) -> typer.BadParameter:
 def golden(
     check: Annotated[bool, typer.Option("--check", help="Compare the files with what the code produces; "
                                                        "write nothing; exit 1 on any difference.")] = False,
-    directory: Annotated[Path, typer.Option("--dir", help="Directory of the golden traces.")] = Path("traces"),
+    directory: Annotated[Path | None, typer.Option("--dir", help="Directory of the golden traces (default: the "
+                                                       "traces/ of the simflash checkout).")] = None,
 ) -> None:
     """Regenerate (or --check) the golden traces: every golden case under every tiled variant."""
+    try:
+        directory = golden_traces.golden_directory(directory)
+    except ValueError as error:
+        raise _bad(error) from None
     if check:
-        problems = trace_io.check_golden(directory)
+        problems = golden_traces.check_golden(directory)
         for problem in problems:
             console.print(f"[red]differs[/red] {escape(problem)}")
         if problems:
@@ -63,16 +69,16 @@ def golden(
                           "once the change is intended")
             raise typer.Exit(1)
         console.print(f"golden traces in {escape(str(directory))} match the code "
-                      f"({len(trace_io.GOLDEN_CASES)} cases x {len(FLASH_ALGORITHMS)} variants)")
+                      f"({len(golden_traces.GOLDEN_CASES)} cases x {len(FLASH_ALGORITHMS)} variants)")
         return
-    for path in trace_io.write_golden(directory):
+    for path in golden_traces.write_golden(directory):
         console.print(f"wrote {escape(str(path))} ({path.stat().st_size:,} bytes)")
 
 
 def export(
     out: OUT,
     algorithm: Annotated[str, typer.Option(help=f"Algorithm: {', '.join(ALGORITHMS)}.")] = "fa2",
-    file_format: Annotated[str | None, typer.Option("--format", help=f"File format: {', '.join(trace_io.FORMATS)} "
+    file_format: Annotated[str | None, typer.Option("--format", help=f"File format: {', '.join(trace_files.FORMATS)} "
                                                     "(default: from the suffix).")] = None,
     n: N = 64, n_kv: N_KV = None, d: D = 16, heads: Annotated[int, typer.Option(help="Heads.")] = 1,
     block_q: BLOCK_Q = 16, block_kv: BLOCK_KV = 16, causal: CAUSAL = False,
@@ -81,7 +87,7 @@ def export(
 ) -> None:
     """Run one configuration on random inputs and write its trace (.json, .npz) or timeline (.perfetto.json)."""
     try:
-        kind = trace_io.format_for(out, file_format)
+        kind = trace_files.format_for(out, file_format)
         if algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
         q, k, v = random_inputs(n, n_kv, d, heads, seed)

@@ -1,0 +1,78 @@
+"""Saving and loading traces: the format from the suffix, then the module that writes or reads it.
+
+- JSON (`.json`, simflash.trace_json): readable and diff-friendly, lossless.
+- NPZ (`.npz`, simflash.trace_npz): the same content as plain arrays.
+- Perfetto (`.perfetto.json`, simflash.perfetto): a timeline of a run's MemoryEvents, for viewing; it
+  holds no tile state, so it can be written but not loaded.
+
+Reading checks everything (simflash.trace_schema): a damaged, foreign or inconsistent file raises
+TraceFileError, a ValueError naming the file and the field. Trace.save and Trace.load call these;
+this module does not import simflash.trace (so neither closes an import cycle).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from simflash.memory import MemoryEvent
+from simflash.perfetto import write_perfetto
+from simflash.trace_json import read_json, trace_from_json, trace_json
+from simflash.trace_npz import read_npz, trace_arrays, trace_from_arrays
+from simflash.trace_schema import TraceContents, TraceFileError
+
+if TYPE_CHECKING:
+    from simflash.trace import Trace
+
+__all__ = ["FORMATS", "TraceContents", "TraceFileError", "format_for", "read", "save"]
+
+FORMATS = ("json", "npz", "perfetto")
+
+
+def format_for(path: str | Path, format: str | None = None) -> str:
+    """The file format: `format` when given, else from the suffix (.perfetto.json, .json, .npz)."""
+    if format is not None:
+        if format not in FORMATS:
+            raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
+        return format
+    name = Path(path).name.lower()
+    if name.endswith(".perfetto.json"):
+        return "perfetto"
+    if name.endswith(".json"):
+        return "json"
+    if name.endswith(".npz"):
+        return "npz"
+    raise ValueError(f"path must end in .json, .npz or .perfetto.json (or pass format= one of {FORMATS}), "
+                     f"got {str(path)!r}")
+
+
+def save(trace: Trace, path: str | Path, format: str | None = None, *,
+         events: Sequence[MemoryEvent] = ()) -> Path:
+    """Write `trace` to `path`; a Perfetto timeline is drawn from `events` (a run's `run.events`)."""
+    path = Path(path)
+    kind = format_for(path, format)
+    if kind == "perfetto":
+        if not events:
+            raise ValueError("events must hold the run's MemoryEvents for a Perfetto timeline: run with "
+                             "record_events=True and pass events=run.events")
+        write_perfetto(path, events, trace.config)
+    elif kind == "json":
+        path.write_text(trace_json(trace))
+    else:
+        np.savez(path, **trace_arrays(trace))
+    return path
+
+
+def read(path: str | Path, format: str | None = None) -> TraceContents:
+    """The checked contents of a trace saved as .json or .npz (Trace.load makes a Trace of them)."""
+    path = Path(path)
+    kind = format_for(path, format)
+    if kind == "perfetto":
+        raise TraceFileError(f"{path}: a Perfetto file is a timeline for viewing and holds no tile state; "
+                             "load the trace's .json or .npz file")
+    if kind == "json":
+        return trace_from_json(read_json(path), path)
+    return trace_from_arrays(read_npz(path), path)

@@ -1,0 +1,229 @@
+"""What a trace file holds, and the checks every reader applies before it builds a TileStep.
+
+A trace file (JSON or NPZ, see simflash.trace_files) is a header (format name, schema version, trace
+level, the run's configuration) and the steps. Nothing in a file is trusted: a value of the wrong
+type, a number outside float32, an index outside the file's own configuration or an array whose
+shape disagrees with it raises TraceFileError, naming the file and the field.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+
+from simflash.config import STATE_DTYPE
+from simflash.trace_step import TRACE_LEVELS, TileStep
+
+FORMAT_NAME = "simflash.trace"
+SCHEMA_VERSION = 1
+STEP_FIELDS = ("head", "i", "j", "row_start", "masked", "m", "alpha", "l", "a")
+INDEX_FIELDS = ("head", "i", "j", "row_start")
+OPTIONAL_FIELDS = ("m_tile", "l_tile", "beta")  # per-row float32, present or None (see TileStep)
+NON_FINITE = ("-inf", "inf", "nan")  # how JSON files spell the floats strict JSON has no numbers for
+FLOAT32_MAX = float(np.finfo(STATE_DTYPE).max)
+
+# The run configuration a trace records (simflash.api.RunConfig, less the defaults it leaves out):
+# each field's type, checked whenever the field is present.
+CONFIG_TYPES = {
+    "algorithm": "str", "heads": "positive int", "n_q": "positive int", "n_kv": "positive int",
+    "d": "positive int", "dtype": "str", "scale": "finite number", "causal": "bool", "causal_variant": "str",
+    "block_q": "positive int or null", "block_kv": "positive int or null", "write_logsumexp": "bool",
+    "gpu": "str or null", "sram_bytes": "positive int or null", "schedule": "str", "cache": "str or null",
+    "o_accum_dtype": "str", "kv_stages": "positive int",
+}
+# What a trace with steps needs in its config to check them: tile indices, row ranges, d.
+GEOMETRY_FIELDS = ("heads", "n_q", "n_kv", "d", "block_q", "block_kv")
+
+
+class TraceFileError(ValueError):
+    """A trace file that is corrupted, truncated, of another format or of an unsupported version."""
+
+
+@attrs.frozen(eq=False)
+class TraceContents:
+    """What a trace file holds, checked: the fields of a simflash.trace.Trace."""
+
+    level: str
+    steps: tuple[TileStep, ...]
+    config: dict[str, Any]
+
+
+def shown(value: Any, limit: int = 40) -> str:
+    """repr(value), shortened: a file may hold a 400-digit integer or a long string."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit // 2]}...({len(text)} characters)"
+
+
+def plain(value: Any) -> Any:
+    """A config value as plain JSON (NumPy scalars become Python numbers): json.dumps' default."""
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"config values must be JSON numbers, strings, booleans or None, got {type(value).__name__}")
+
+
+def _reject_constant(name: str) -> Any:
+    raise TraceFileError(f"the non-standard JSON constant {name} (a trace spells it as a string: {NON_FINITE})")
+
+
+def parse_json(text: str, path: Path, what: str, broken: str) -> Any:
+    """Strict JSON: no NaN/Infinity constants; depth and integer-length limits as TraceFileErrors.
+
+    `what` names the text in messages ("the file", "config_json"); `broken` says what text that does
+    not parse is.
+    """
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except TraceFileError as error:
+        raise TraceFileError(f"{path}: {what} holds {error}") from None
+    except RecursionError:
+        raise TraceFileError(f"{path}: {what} is nested too deeply to be a simflash trace") from None
+    except json.JSONDecodeError as error:
+        raise TraceFileError(f"{path}: {broken}: {error}") from None
+    except ValueError as error:  # e.g. an integer past Python's digit limit
+        raise TraceFileError(f"{path}: {what} is not a valid trace: {error}") from None
+
+
+def check_header(doc: Any, path: Path) -> None:
+    """The format name, an integer schema version this code reads, and a known level."""
+    if isinstance(doc, Mapping) and "traceEvents" in doc:
+        raise TraceFileError(f"{path}: a Perfetto timeline, not a simflash trace; load the .json or .npz trace")
+    if not isinstance(doc, Mapping) or doc.get("format") != FORMAT_NAME:
+        raise TraceFileError(f"{path}: not a simflash trace (expected format {FORMAT_NAME!r})")
+    version = doc.get("schema_version")
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise TraceFileError(f"{path}: schema_version must be an integer (this simflash reads {SCHEMA_VERSION}), "
+                             f"got {shown(version)}")
+    if version != SCHEMA_VERSION:
+        raise TraceFileError(f"{path}: schema version {version} is not supported; this simflash reads "
+                             f"version {SCHEMA_VERSION}")
+    level = doc.get("level")
+    if not isinstance(level, str) or level not in TRACE_LEVELS:
+        raise TraceFileError(f"{path}: level must be one of {TRACE_LEVELS}, got {shown(level)}")
+
+
+def _fits(kind: str, value: Any) -> bool:
+    if value is None:
+        return kind.endswith("or null")
+    kind = kind.removesuffix(" or null")
+    if kind == "str":
+        return isinstance(value, str)
+    if kind == "bool":
+        return isinstance(value, bool)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    if kind == "positive int":
+        return isinstance(value, int) and value > 0
+    return math.isfinite(value)  # finite number
+
+
+@attrs.frozen
+class Geometry:
+    """The tiling a trace's config describes: which indices and row ranges its steps may have."""
+
+    heads: int
+    n_q: int
+    n_kv: int
+    d: int
+    block_q: int
+    block_kv: int
+
+    @property
+    def n_q_tiles(self) -> int:
+        return -(-self.n_q // self.block_q)
+
+    @property
+    def n_kv_tiles(self) -> int:
+        return -(-self.n_kv // self.block_kv)
+
+
+def check_config(config: Any, path: Path, has_steps: bool) -> tuple[dict[str, Any], Geometry | None]:
+    """The config as a dict, every known field of the right type; its geometry when there are steps."""
+    if not isinstance(config, Mapping):
+        raise TraceFileError(f"{path}: config must be an object, got {shown(config)}")
+    for name, value in config.items():
+        if not isinstance(name, str):
+            raise TraceFileError(f"{path}: config keys must be strings, got {shown(name)}")
+        kind = CONFIG_TYPES.get(name)
+        if kind is not None and not _fits(kind, value):
+            raise TraceFileError(f"{path}: config.{name} must be a {kind}, got {shown(value)}")
+    if not has_steps:
+        return dict(config), None
+    for name in GEOMETRY_FIELDS:
+        if config.get(name) is None:
+            raise TraceFileError(f"{path}: config.{name} is missing; a trace with steps needs it to check their "
+                                 f"indices and shapes (needs {GEOMETRY_FIELDS})")
+    return dict(config), Geometry(*(config[name] for name in GEOMETRY_FIELDS))
+
+
+def floats(values: Any, where: str, path: Path) -> np.ndarray:
+    """A JSON list of numbers (or the strings NON_FINITE) as float32; refuses values float32 cannot hold."""
+    if not isinstance(values, list):
+        raise TraceFileError(f"{path}: {where} must be a list of numbers, got {shown(values)}")
+
+    def number(n: int, x: Any) -> float:
+        if isinstance(x, str) and x in NON_FINITE:
+            return float(x)
+        if isinstance(x, bool) or not isinstance(x, (int, float)):
+            raise TraceFileError(f"{path}: {where} must hold numbers (or {NON_FINITE}), got {shown(x)}")
+        if not (isinstance(x, int) or math.isfinite(x)) or abs(x) > FLOAT32_MAX:
+            raise TraceFileError(f"{path}: {where}[{n}] = {shown(x)} is outside float32's range "
+                                 f"(magnitude at most {FLOAT32_MAX:.6g}; a number that large reads as inf); "
+                                 'write infinities as the strings "inf" and "-inf"')
+        return float(x)
+
+    return np.array([number(n, x) for n, x in enumerate(values)], dtype=np.float64).astype(STATE_DTYPE)
+
+
+def checked_step(path: Path, where: str, level: str, geometry: Geometry | None, head: int, i: int, j: int,
+                 row_start: int, masked: bool, m: np.ndarray, alpha: np.ndarray, l: np.ndarray,  # noqa: E741
+                 a: np.ndarray | None, **optional: np.ndarray) -> TileStep:
+    """A TileStep whose arrays agree with each other, with the trace level and with the config's tiling."""
+    if level == "none":
+        raise TraceFileError(f"{path}: a trace of level 'none' holds no steps, found {where}")
+    for name, value in zip(INDEX_FIELDS, (head, i, j, row_start)):
+        if value < 0:
+            raise TraceFileError(f"{path}: {where}.{name} must be a non-negative integer, got {value}")
+    if not (m.size > 0 and m.shape == alpha.shape == l.shape):
+        raise TraceFileError(f"{path}: {where}: m, alpha and l must be equal-length, non-empty, got "
+                             f"{m.size}, {alpha.size}, {l.size}")
+    if (level == "full") != (a is not None):
+        raise TraceFileError(f"{path}: {where}: a {level!r} trace {'needs' if level == 'full' else 'has no'} "
+                             "accumulator a")
+    if a is not None and (a.ndim != 2 or a.shape[0] != m.size or a.shape[1] == 0):
+        raise TraceFileError(f"{path}: {where}: a must have shape (rows, d) with rows = {m.size}, got {a.shape}")
+    for k, values in optional.items():
+        if values.shape != m.shape:
+            raise TraceFileError(f"{path}: {where}: {k} must hold {m.size} rows like m, got {values.size}")
+    if geometry is not None:
+        _check_against_config(path, where, geometry, head, i, j, row_start, m.size, a)
+    return TileStep(head=head, i=i, j=j, row_start=row_start, masked=masked, m=m, alpha=alpha, l=l, a=a, **optional)
+
+
+def _check_against_config(path: Path, where: str, g: Geometry, head: int, i: int, j: int, row_start: int,
+                          rows: int, a: np.ndarray | None) -> None:
+    def refuse(message: str) -> TraceFileError:
+        return TraceFileError(f"{path}: {where}.{message}")
+
+    if head >= g.heads:
+        raise refuse(f"head = {head} is outside the config's heads = {g.heads}")
+    if i >= g.n_q_tiles:
+        raise refuse(f"i = {i} is outside the config's {g.n_q_tiles} query tiles (n_q = {g.n_q}, "
+                     f"block_q = {g.block_q})")
+    if j >= g.n_kv_tiles:
+        raise refuse(f"j = {j} is outside the config's {g.n_kv_tiles} KV tiles (n_kv = {g.n_kv}, "
+                     f"block_kv = {g.block_kv})")
+    if row_start != i * g.block_q:
+        raise refuse(f"row_start = {row_start} disagrees with the config: query tile i = {i} starts at row "
+                     f"i x block_q = {i * g.block_q}")
+    expected = min(g.block_q, g.n_q - row_start)
+    if rows != expected:
+        raise refuse(f"m holds {rows} rows; the config's query tile {i} has {expected} (rows {row_start} to "
+                     f"{row_start + expected - 1} of n_q = {g.n_q}, block_q = {g.block_q})")
+    if a is not None and a.shape[1] != g.d:
+        raise refuse(f"a has {a.shape[1]} columns; the config's d = {g.d}")
