@@ -82,6 +82,12 @@ class Trace(Sequence[TileStep]):
 
         return trace_io.load(path, format)
 
+    def _repr_html_(self) -> str | None:
+        """Jupyter: the trace viewer (`simflash view`'s page) in an iframe; None without a run configuration."""
+        from simflash.viewer import repr_html
+
+        return repr_html(self)
+
 
 @attrs.frozen
 class TraceRequest:
