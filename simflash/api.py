@@ -70,6 +70,12 @@ class Run:
     flops_by_kind: dict[str, int] = attrs.field(factory=dict)  # tensor (= flops), exp, fp32, div
     physical: PhysicalTraffic | None = None  # what the L2 let through to DRAM, when cache is set
 
+    def _repr_html_(self) -> str | None:
+        """Jupyter: the trace viewer (`simflash view`'s page) in an iframe; None for a run too large to step through."""
+        from simflash.viewer import repr_html
+
+        return repr_html(self)
+
 
 def _heads_layout(name: str, x: Any) -> np.ndarray:
     array = np.asarray(x)

@@ -22,7 +22,7 @@ def _group() -> None:
 
 
 # Modules under simflash.commands; each has register(app) adding its commands.
-COMMAND_MODULES = ("run", "bench", "teach", "files", "analysis", "gpu", "physical", "tiles")
+COMMAND_MODULES = ("run", "bench", "teach", "files", "analysis", "gpu", "physical", "tiles", "view")
 
 for _module in COMMAND_MODULES:
     importlib.import_module(f"simflash.commands.{_module}").register(app)

@@ -51,6 +51,12 @@ class Trace(Sequence[TileStep]):
         contents = trace_files.read(path, format)
         return cls(contents.level, contents.steps, contents.config)
 
+    def _repr_html_(self) -> str | None:
+        """Jupyter: the trace viewer (`simflash view`'s page) in an iframe; None without a run configuration."""
+        from simflash.viewer import repr_html
+
+        return repr_html(self)
+
 
 @attrs.frozen
 class TraceRequest:
