@@ -78,11 +78,13 @@ def _ledger(traffic, physical) -> dict[str, list[int]]:
 
 
 def _replay(config) -> tuple[list[tuple[int, int, int, bool]], list[dict[str, list[int]]]]:
-    """Run `config` again on zeros; the visited tiles in order and the ledger after each, then at the end."""
+    """Run `config` again (traffic does not depend on the values: any inputs do; seeded random ones, so
+    the replay computes like any run); the visited tiles in order and the ledger after each, then at the end."""
     from simflash import api
 
     heads, n_q, n_kv, d = config.heads, config.n_q, config.n_kv, config.d
-    q, kv = np.zeros((heads, n_q, d)), np.zeros((heads, n_kv, d))
+    rng = np.random.default_rng(0)
+    q, kv = rng.standard_normal((heads, n_q, d)), rng.standard_normal((heads, n_kv, d))
     if config.algorithm == "naive":
         run = api.naive_attention(q, kv, kv, config.causal, config.causal_variant, config.scale, config.dtype,
                                   schedule=config.schedule, cache=config.cache, gpu=config.gpu)
