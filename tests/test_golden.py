@@ -92,7 +92,7 @@ def test_ragged_cases_have_short_edge_tiles(variant):
 def test_golden_perfetto_files_are_timelines_of_the_runs():
     for run in trace_io.golden_runs(["two_tile"]):
         committed = json.loads((TRACES / f"{run.stem}.perfetto.json").read_text())
-        totals = [r["args"]["total"] for r in committed["traceEvents"] if r["name"] == "HBM bytes, cumulative"]
+        totals = [r["args"]["total"] for r in committed["traceEvents"] if r["name"] == trace_io.HBM_TOTAL_COUNTER]
         assert totals[-1] == sum(e.nbytes for e in run.events if e.op in ("read", "write"))
 
 
