@@ -22,8 +22,16 @@ SLICE_DUR_US = 8
 MARK_US = 5
 
 
+CTA_INDEX_NAMES = ("head", "query tile")  # what a CTA index's coordinates are (simflash.grid.CTA.index)
+HBM_TOTAL_COUNTER = "HBM bytes, cumulative (all tensors)"  # its own track: the per-tensor series stack in chrome
+
+
 def _cta_label(cta: tuple[int, ...]) -> str:
-    return f"CTA {cta}" if cta else "whole kernel"
+    """A CTA's track name: "CTA head 0" (FA-1, naive), "CTA head 0, query tile 2" (FA-2)."""
+    if not cta:
+        return "whole kernel"
+    names = CTA_INDEX_NAMES if len(cta) <= len(CTA_INDEX_NAMES) else [f"index {k}" for k in range(len(cta))]
+    return "CTA " + ", ".join(f"{name} {value}" for name, value in zip(names, cta))
 
 
 def perfetto_document(events: Sequence[MemoryEvent], config: Mapping[str, Any] | None = None) -> dict:
@@ -32,8 +40,10 @@ def perfetto_document(events: Sequence[MemoryEvent], config: Mapping[str, Any] |
     Tracks: one process per kernel, one thread per CTA in it (a slice spans the CTA's work); slices
     for loads (HBM reads), compute (matmuls) and stores (HBM writes); instant marks where on-chip
     buffers are held and freed. Counters on the "simulated GPU" process: cumulative HBM bytes by
-    tensor (and in total), and live SRAM bytes by scope. Time: event `seq` x TICK_US microseconds,
-    a logical clock (the simulator runs CTAs one after another; the axis counts events, not time).
+    tensor (one counter whose series chrome://tracing stacks: the top is the total), the total on a
+    counter of its own, and live SRAM bytes by scope. Time: `ts` and `dur` in microseconds, as the
+    format has them (displayed in ms, the format's default), event `seq` x TICK_US: a logical clock
+    (the simulator runs CTAs one after another; the axis counts events, not time).
     """
     records: list[dict] = []
     gpu_pid = 1
@@ -81,7 +91,9 @@ def perfetto_document(events: Sequence[MemoryEvent], config: Mapping[str, Any] |
                             "args": {**args, "tensor": event.name, "bytes": event.nbytes}})
             hbm_bytes[event.name] = hbm_bytes.get(event.name, 0) + event.nbytes
             records.append({"ph": "C", "name": "HBM bytes, cumulative", "pid": gpu_pid, "tid": 0,
-                            "ts": mark_at["ts"], "args": {**hbm_bytes, "total": sum(hbm_bytes.values())}})
+                            "ts": mark_at["ts"], "args": dict(hbm_bytes)})
+            records.append({"ph": "C", "name": HBM_TOTAL_COUNTER, "pid": gpu_pid, "tid": 0,
+                            "ts": mark_at["ts"], "args": {"total": sum(hbm_bytes.values())}})
         elif event.op == "matmul":
             records.append({"ph": "X", "name": f"matmul {event.name}", "cat": "compute", **slice_at,
                             "args": {**args, "flops": event.nbytes}})
@@ -108,7 +120,7 @@ def perfetto_document(events: Sequence[MemoryEvent], config: Mapping[str, Any] |
     records.sort(key=lambda r: (r["ph"] != "M", r.get("ts", 0), -r.get("dur", 0)))
     return {
         "traceEvents": records,
-        "displayTimeUnit": "ns",
+        "displayTimeUnit": "ms",  # ts is in us; the format displays ms or ns
         "otherData": {
             "generator": "simflash",
             "clock": f"logical: event seq x {TICK_US} us (the axis counts simulated events, not time)",

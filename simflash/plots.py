@@ -44,11 +44,18 @@ def _save(figure: Figure, path: Path) -> Path:
 def tile_map(schedule: TileSchedule, path: str | Path) -> Path:
     """Draw the (T_r, T_c) grid of tiles: full, masked (straddles the diagonal) or skipped."""
     path = picture_path(path)
+    return _save(tile_map_figure(schedule), path)
+
+
+def tile_map_figure(schedule: TileSchedule) -> Figure:
+    """The tile map as a Figure (see tile_map)."""
     kinds = schedule.kind_map()
     codes = np.vectorize(list(TILE_COLOURS).index)(kinds)  # (T_r, T_c) 0 full, 1 masked, 2 skipped
     rows, cols = kinds.shape
-    cell = min(0.45, 12 / cols, 10 / rows)  # inches per tile, so big grids stay on the page
-    figure = Figure(figsize=(2.6 + cell * cols, 1.4 + cell * rows), layout="constrained")
+    cell = min(0.45, 9 / cols, 8 / rows)  # inches per tile, so big grids stay on the page
+    # Room beside the grid for the tick labels and axis label (left) and the legend (right), so that
+    # the constrained layout never has to squeeze them off the page, however many tiles there are.
+    figure = Figure(figsize=(4.2 + cell * cols, 1.6 + cell * rows), layout="constrained")
     axes = figure.add_subplot()
     axes.imshow(codes, cmap=ListedColormap(list(TILE_COLOURS.values())), vmin=-0.5, vmax=2.5, aspect="equal")
     if max(rows, cols) <= LETTERED_GRID_MAX:
@@ -57,19 +64,20 @@ def tile_map(schedule: TileSchedule, path: str | Path) -> Path:
                       color="white" if kind == "full" else "black")
     axes.set_xticks(_ticks(cols), [str(j) for j in _ticks(cols)])
     axes.set_yticks(_ticks(rows), [str(i) for i in _ticks(rows)])
-    axes.set_xticks(np.arange(cols + 1) - 0.5, minor=True)
-    axes.set_yticks(np.arange(rows + 1) - 0.5, minor=True)
-    axes.grid(which="minor", color="white", linewidth=1)
+    if max(rows, cols) <= LETTERED_GRID_MAX:  # cell borders; past that they would paint the grid white
+        axes.set_xticks(np.arange(cols + 1) - 0.5, minor=True)
+        axes.set_yticks(np.arange(rows + 1) - 0.5, minor=True)
+        axes.grid(which="minor", color="white", linewidth=1)
     axes.tick_params(which="minor", length=0)
     axes.set_xlabel(f"KV tile j ({schedule.block_kv} keys each)")
     axes.set_ylabel(f"query tile i ({schedule.block_q} rows each)")
     mask = f"causal {schedule.causal_variant}" if schedule.causal else "unmasked"
-    axes.set_title(f"Tile map: n_q={schedule.n_q}, n_kv={schedule.n_kv}, {mask}", fontsize=10)
+    axes.set_title(f"Tile map: n_q={schedule.n_q}, n_kv={schedule.n_kv}, {mask}, {rows} x {cols} tiles", fontsize=10)
     counts = {kind: int(np.count_nonzero(kinds == kind)) for kind in TILE_COLOURS}
-    patches = [Patch(color=colour, label=f"{kind} ({counts[kind]})") for kind, colour in TILE_COLOURS.items()
+    patches = [Patch(color=colour, label=f"{kind} ({counts[kind]:,})") for kind, colour in TILE_COLOURS.items()
                if counts[kind]]
-    axes.legend(handles=patches, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8, frameon=False)
-    return _save(figure, path)
+    figure.legend(handles=patches, loc="outside right upper", fontsize=8, frameon=False)
+    return figure
 
 
 def _ticks(count: int) -> list[int]:
@@ -93,6 +101,22 @@ def row_statistics(trace: Trace, row: int, head: int = 0) -> dict[str, np.ndarra
 def tile_stats(trace: Trace, rows: Iterable[int], path: str | Path, head: int = 0) -> Path:
     """Draw m, alpha and l of the chosen query rows against the KV tile just folded in."""
     path = picture_path(path)
+    return _save(tile_stats_figure(trace, rows, head), path)
+
+
+def _run_description(config: Mapping) -> str:
+    mask = f"causal {config.get('causal_variant', '')}".rstrip() if config.get("causal") else "unmasked"
+    return f"{mask}, {config.get('dtype', '?')}"
+
+
+def tile_stats_figure(trace: Trace, rows: Iterable[int], head: int = 0) -> Figure:
+    """m, alpha and l as a Figure (see tile_stats).
+
+    Each value is the state after one KV tile, a discrete step: m and l are drawn as steps held until
+    the next tile (with a marker at each tile), alpha as markers alone. alpha = exp(m_old - m_new) is
+    not drawn where the row had no running max before (its first tile: nothing to rescale), where the
+    trace records 0. The axes include 0 (alpha's spans [0, 1]) so a change is drawn at its true size.
+    """
     rows = list(rows)
     if not rows:
         raise ValueError("rows must name at least one query row")
@@ -101,17 +125,31 @@ def tile_stats(trace: Trace, rows: Iterable[int], path: str | Path, head: int = 
     panels = figure.subplots(3, 1, sharex=True)
     about = {"m": "m: running row max", "alpha": "alpha = exp(m_old - m_new)", "l": "l: running sum"}
     for axes, name in zip(panels, ("m", "alpha", "l")):
-        for row, stats in series.items():
-            axes.plot(stats["j"], stats[name], marker="o", label=f"row {row}")
+        for c, (row, stats) in enumerate(series.items()):
+            j, values = stats["j"], stats[name]
+            if name == "alpha":
+                had_max = np.isfinite(np.concatenate([[-np.inf], stats["m"][:-1]]))  # m_old of each step
+                axes.plot(j[had_max], values[had_max], marker="o", linestyle="none", color=f"C{c}",
+                          label=f"row {row}")
+            else:
+                axes.plot(j, values, marker="o", drawstyle="steps-post", color=f"C{c}", label=f"row {row}")
         axes.set_ylabel(about[name], fontsize=9)
         axes.grid(alpha=0.3)
+        low, high = axes.get_ylim()
+        if name == "alpha":
+            axes.set_ylim(0, 1.05)
+        else:
+            axes.set_ylim(min(low, 0.0), max(high, 0.0))  # from zero: no zoom onto tiny changes
+    panels[1].text(0.99, 0.04, "not drawn at a row's first tile (no earlier max to rescale)",
+                   transform=panels[1].transAxes, ha="right", va="bottom", fontsize=7, color="dimgrey")
     panels[-1].set_xlabel("KV tile j (state after the tile is folded in)")
     panels[-1].xaxis.get_major_locator().set_params(integer=True)
     panels[0].legend(fontsize=8, loc="best")
     config = trace.config
     figure.suptitle(f"Online softmax, {config.get('algorithm', '?')}: n_q={config.get('n_q', '?')}, "
-                    f"B_r={config.get('block_q', '?')}, B_c={config.get('block_kv', '?')}, head {head}", fontsize=10)
-    return _save(figure, path)
+                    f"n_kv={config.get('n_kv', '?')}, B_r={config.get('block_q', '?')}, "
+                    f"B_c={config.get('block_kv', '?')}, {_run_description(config)}, head {head}", fontsize=10)
+    return figure
 
 
 def cumulative_hbm_bytes(events: Sequence[MemoryEvent]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -138,35 +176,55 @@ def _byte_unit(nbytes: int) -> tuple[int, str]:
     return 1, "B"
 
 
+TRAFFIC_X_TICKS = (0.0, 0.25, 0.5, 0.75, 1.0)  # labelled in % of the run
+TENSOR_ORDER = ("Q", "K", "V", "S", "P", "O (init)", "l (init)", "m (init)", "O", "l", "m")  # bottom to top
+
+
 def traffic_over_run(runs: Mapping[str, Sequence[MemoryEvent]], path: str | Path, title: str = "") -> Path:
-    """Draw cumulative HBM bytes by tensor over each run's events, one panel per run, shared y axis."""
+    """Draw cumulative HBM bytes by tensor over each run, one panel per run, shared x and y axes."""
     path = picture_path(path)
+    return _save(traffic_figure(runs, title), path)
+
+
+def traffic_figure(runs: Mapping[str, Sequence[MemoryEvent]], title: str = "") -> Figure:
+    """Cumulative HBM bytes as a Figure (see traffic_over_run).
+
+    x is the share of the run's simulated events done, in % (every run goes from 0 to 1, whatever its
+    event count), y the bytes moved so far, stacked by tensor in one order for every panel (inputs at
+    the bottom, then intermediates and outputs, as TENSOR_ORDER; others after them): the top edge is
+    the run's total so far."""
     series = {label: cumulative_hbm_bytes(events) for label, events in runs.items()}
     empty = [label for label, by_tensor in series.items() if not by_tensor]
     if not runs or empty:
         raise ValueError(f"runs must map labels to events with HBM transfers (record_events=True); empty: {empty}")
-    tensors = list(dict.fromkeys(name for by_tensor in series.values() for name in by_tensor))
-    colours = {name: f"C{n % 10}" for n, name in enumerate(tensors)}
+    seen = list(dict.fromkeys(name for by_tensor in series.values() for name in by_tensor))
+    tensors = [name for name in TENSOR_ORDER if name in seen] + [name for name in seen if name not in TENSOR_ORDER]
+    palette = [f"C{n}" for n in range(10)] + ["#393b79", "#8c6d31", "#843c39", "#637939"]  # C9 is #17becf
+    colours = {name: palette[n % len(palette)] for n, name in enumerate(tensors)}
     peak = max(int(totals[-1]) for by_tensor in series.values() for _, totals in by_tensor.values())
     size, unit = _byte_unit(peak)
-    figure = Figure(figsize=(4.2 * len(series), 4.2), layout="constrained")
-    panels = np.atleast_1d(figure.subplots(1, len(series), sharey=True))
+    figure = Figure(figsize=(4.2 * len(series) + 1.2, 4.2), layout="constrained")
+    panels = np.atleast_1d(figure.subplots(1, len(series), sharex=True, sharey=True))
     for axes, (label, by_tensor) in zip(panels, series.items()):
-        # Stacked: each band is one tensor's bytes so far, the top edge the run's total so far.
-        seqs = np.concatenate([seqs for seqs, _ in by_tensor.values()])
-        x = np.unique(np.concatenate([[0], seqs, [seqs.max() + 1]]))  # + 1: the last transfer gets a width
-        bands = [_held(seqs, totals, x) / size for seqs, totals in by_tensor.values()]
-        axes.stackplot(x, bands, step="post", colors=[colours[name] for name in by_tensor], linewidth=0)
+        seqs_of_run = [event.seq for event in runs[label]]
+        first, span = min(seqs_of_run), max(seqs_of_run) - min(seqs_of_run) + 1  # the last event gets a width
+        drawn = [name for name in tensors if name in by_tensor]
+        x = np.unique(np.concatenate([[first], *(by_tensor[name][0] for name in drawn), [first + span]]))
+        bands = [_held(*by_tensor[name], x) / size for name in drawn]
+        axes.stackplot((x - first) / span, bands, step="post", colors=[colours[name] for name in drawn],
+                       labels=drawn, linewidth=0)
         total = sum(int(totals[-1]) for _, totals in by_tensor.values())
-        axes.set_title(f"{label}: {total / size:,.2f} {unit} in total", fontsize=9)
-        axes.set_xlabel("simulated event (seq)")
+        axes.set_title(f"{label}: {total / size:,.2f} {unit} in total\n({span:,} events)", fontsize=9)
+        axes.set_xlabel("% of the run's events done")
         axes.grid(alpha=0.3)
+    panels[0].set_xlim(0, 1)
+    panels[0].set_xticks(TRAFFIC_X_TICKS, [f"{100 * t:.0f}" for t in TRAFFIC_X_TICKS])
     panels[0].set_ylabel(f"HBM bytes moved so far ({unit})")
-    handles = [Patch(color=colours[name], label=name) for name in tensors]
-    figure.legend(handles=handles, loc="outside right center", fontsize=8, frameon=False, title="tensor")
+    handles = [Patch(color=colours[name], label=name) for name in reversed(tensors)]  # listed as stacked
+    figure.legend(handles=handles, loc="outside right center", fontsize=8, frameon=False, title="tensor\n(top)")
     if title:
         figure.suptitle(title, fontsize=10)
-    return _save(figure, path)
+    return figure
 
 
 # -- logical against physical traffic (the whole-chip model: simflash.model.physical) ------------------

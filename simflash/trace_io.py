@@ -29,7 +29,15 @@ from simflash.golden import (
     golden_runs,
     write_golden,
 )
-from simflash.perfetto import MARK_US, SLICE_DUR_US, SLICE_START_US, TICK_US, perfetto_document, write_perfetto
+from simflash.perfetto import (
+    HBM_TOTAL_COUNTER,
+    MARK_US,
+    SLICE_DUR_US,
+    SLICE_START_US,
+    TICK_US,
+    perfetto_document,
+    write_perfetto,
+)
 from simflash.trace import Trace
 from simflash.trace_diff import trace_differences
 from simflash.trace_files import FORMATS, format_for, save
@@ -47,7 +55,8 @@ from simflash.trace_schema import (
 
 __all__ = [
     "FORMATS", "FORMAT_NAME", "GOLDEN_ATOL", "GOLDEN_CASES", "GOLDEN_RTOL", "GOLDEN_SEED", "INDEX_FIELDS", "MARK_US",
-    "NON_FINITE", "OPTIONAL_FIELDS", "SCHEMA_VERSION", "SLICE_DUR_US", "SLICE_START_US", "STEP_FIELDS", "TICK_US",
+    "HBM_TOTAL_COUNTER", "NON_FINITE", "OPTIONAL_FIELDS", "SCHEMA_VERSION", "SLICE_DUR_US", "SLICE_START_US",
+    "STEP_FIELDS", "TICK_US",
     "GoldenCase", "GoldenRun", "TraceFileError", "check_golden", "format_for", "golden_directory", "golden_files",
     "golden_runs", "load", "perfetto_document", "save", "step_dict", "trace_arrays", "trace_differences",
     "trace_from_arrays", "trace_from_json", "trace_json", "write_golden", "write_perfetto",

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 import simflash as sf
-from simflash import golden
+from simflash import golden, perfetto
 from simflash.algorithms import FLASH_ALGORITHMS
 from simflash.cli import app
 
@@ -92,7 +92,7 @@ def test_ragged_cases_have_short_edge_tiles(variant):
 def test_golden_perfetto_files_are_timelines_of_the_runs():
     for run in golden.golden_runs(["two_tile"]):
         committed = json.loads((TRACES / f"{run.stem}.perfetto.json").read_text())
-        totals = [r["args"]["total"] for r in committed["traceEvents"] if r["name"] == "HBM bytes, cumulative"]
+        totals = [r["args"]["total"] for r in committed["traceEvents"] if r["name"] == perfetto.HBM_TOTAL_COUNTER]
         assert totals[-1] == sum(e.nbytes for e in run.events if e.op in ("read", "write"))
 
 

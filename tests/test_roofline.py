@@ -119,7 +119,7 @@ def test_plot_png_is_non_trivial(tmp_path):
 
 def test_plot_svg_marks_the_l2_roof_as_an_estimate(tmp_path):
     text = plot_roofline(tmp_path / "roof.svg").read_text()
-    assert "<svg" in text and "(estimate)" in text and "N=16384" in text
+    assert "<svg" in text and "(estimate)" in text and "N=16,384" in text
     with pytest.raises(ValueError, match="plot file"):
         plot_roofline(tmp_path / "roof.jpg")
 

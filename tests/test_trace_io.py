@@ -283,7 +283,9 @@ def test_perfetto_timeline_of_a_tiled_run(tmp_path, variant, causal):
     # One thread track per CTA, named after it; one process per kernel.
     ctas = {event.cta for event in run.events}
     threads = [r["args"]["name"] for r in records if r["name"] == "thread_name"]
-    assert sorted(threads) == sorted(f"CTA {cta}" for cta in ctas)
+    names = ("head", "query tile")
+    assert sorted(threads) == sorted("CTA " + ", ".join(f"{k} {x}" for k, x in zip(names, cta)) for cta in ctas)
+    assert not any(c in name for name in threads for c in "()")  # no Python tuples
     processes = [r["args"]["name"] for r in records if r["name"] == "process_name"]
     assert sorted(processes[1:]) == sorted(f"kernel {k}" for k in {e.kernel for e in run.events})
 
@@ -297,10 +299,11 @@ def test_perfetto_timeline_of_a_tiled_run(tmp_path, variant, causal):
     # Counters: cumulative HBM bytes end at the ledger's totals; SRAM occupancy peaks at the run's
     # peak and returns to zero.
     hbm = counter_values(document, "HBM bytes, cumulative")
-    assert hbm[-1]["total"] == run.traffic.total_bytes
-    assert {t: b for t, b in hbm[-1].items() if t != "total"} == {
-        t: f.total_bytes for t, f in run.traffic.by_tensor.items()}
-    assert [h["total"] for h in hbm] == sorted(h["total"] for h in hbm)
+    totals = [t["total"] for t in counter_values(document, perfetto.HBM_TOTAL_COUNTER)]
+    assert hbm[-1] == {t: f.total_bytes for t, f in run.traffic.by_tensor.items()}
+    # chrome://tracing stacks a counter's series: the per-tensor stack tops out at the total, not twice it.
+    assert [sum(h.values()) for h in hbm] == totals
+    assert totals[-1] == run.traffic.total_bytes and totals == sorted(totals)
     sram = counter_values(document, "SRAM live bytes")
     assert max(s.get("shared memory", 0) for s in sram) == run.on_chip.shared.peak_bytes
     assert max(s.get("registers", 0) for s in sram) == run.on_chip.registers.peak_bytes
@@ -321,8 +324,32 @@ def test_perfetto_timeline_of_naive_has_a_process_per_kernel(tmp_path):
     check_chrome_trace(document)
     processes = [r["args"]["name"] for r in document["traceEvents"] if r["name"] == "process_name"]
     assert processes[1:] == ["kernel gemm_qk", "kernel softmax", "kernel gemm_pv"]
-    assert counter_values(document, "HBM bytes, cumulative")[-1]["total"] == run.traffic.total_bytes
+    assert sum(counter_values(document, "HBM bytes, cumulative")[-1].values()) == run.traffic.total_bytes
+    assert counter_values(document, perfetto.HBM_TOTAL_COUNTER)[-1] == {"total": run.traffic.total_bytes}
     assert json.loads(document["otherData"]["config"]) == run.trace.config
+    threads = [r["args"]["name"] for r in document["traceEvents"] if r["name"] == "thread_name"]
+    assert sorted(set(threads)) == ["CTA head 0", "CTA head 1"]
+
+
+def test_perfetto_time_unit_matches_the_timestamps():
+    """ts is in microseconds (the format's unit); displayTimeUnit is one the format knows ("ms", the
+    default, or "ns"), and not "ns": one 10 us tick shown as 10,000 ns misreads the logical clock."""
+    document = timeline_of(random_run(record_events=True))
+    assert document["displayTimeUnit"] == "ms"
+    assert f"x {perfetto.TICK_US} us" in document["otherData"]["clock"]
+    seqs = [r["args"]["seq"] for r in document["traceEvents"] if r.get("cat") in ("load", "compute", "store")]
+    starts = [r["ts"] for r in document["traceEvents"] if r.get("cat") in ("load", "compute", "store")]
+    assert starts == [seq * perfetto.TICK_US + perfetto.SLICE_START_US for seq in seqs]
+
+
+def test_export_of_a_large_timeline_ignores_the_tile_trace_budget(tmp_path):
+    """A full tile trace of this run would be about 260 MiB (over the 64 MiB budget); the timeline uses none."""
+    out = tmp_path / "big.perfetto.json"
+    result = CliRunner().invoke(app, ["export", "--out", str(out), "--n", "1024", "--d", "256",
+                                      "--block-q", "128", "--block-kv", "4"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(out.read_text())
+    assert counter_values(document, perfetto.HBM_TOTAL_COUNTER)[-1]["total"] > 0
 
 
 def test_perfetto_needs_events_and_cannot_be_loaded_as_a_trace(tmp_path):

@@ -283,40 +283,82 @@ def plot_roofline(
     ns: Iterable[int] = PLOT_N, block_q: int = 128, block_kv: int = 64, variant: str = "fa2",
 ) -> pathlib.Path:
     """HBM and (estimated) L2 roofs with a marker per intensity model at each N, placed on its level's roof."""
-    from matplotlib.figure import Figure  # plotting only: keeps `import simflash` light
+    return save_figure(roofline_figure(gpu, d, dtype, ns, block_q, block_kv, variant), path)
 
+
+def roofline_markers(
+    gpu: str = "H200", d: int = 128, dtype: str = "float16", ns: Iterable[int] = PLOT_N,
+    block_q: int = 128, block_kv: int = 64, variant: str = "fa2",
+) -> list[tuple[str, int, float, float]]:
+    """The plot's markers: (intensity model, N, intensity in FLOP/byte, attainable TFLOP/s on its roof)."""
     gpu_roof = roof(gpu, dtype)
     rows = [intensity_row(n, d, dtype, block_q, block_kv, variant) for n in positive_ints("ns", ns)]
-    intensities = [row.intensity(m) for row in rows for m in INTENSITY_MODELS]
+    return [(name, row.n, row.intensity(name), gpu_roof.attainable_flops(row.intensity(name), model.level) / 1e12)
+            for name, model in INTENSITY_MODELS.items() for row in rows]
+
+
+def roofline_figure(
+    gpu: str = "H200", d: int = 128, dtype: str = "float16", ns: Iterable[int] = PLOT_N,
+    block_q: int = 128, block_kv: int = 64, variant: str = "fa2",
+) -> Figure:
+    """The roofline as a Figure (see plot_roofline). y in TFLOP/s. Every marker is labelled N=... through
+    a leader line (the labels of one model fan out, so markers that nearly coincide keep their own
+    label), and a table beside the plot lists each marker's intensity and attainable TFLOP/s."""
+    from matplotlib.figure import Figure  # plotting only: keeps `import simflash` light
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    gpu_roof = roof(gpu, dtype)
+    markers = roofline_markers(gpu, d, dtype, ns, block_q, block_kv, variant)
+    intensities = [x for _, _, x, _ in markers]
     ridges = [gpu_roof.ridge(level) for level in MEMORY_LEVELS]
     lo, hi = min(intensities + ridges) / 4, max(intensities + ridges) * 4
     grid = [lo * (hi / lo) ** (k / 200) for k in range(201)]
+    peak = gpu_roof.peak_flops / 1e12
 
-    fig = Figure(figsize=(8, 5.5))
-    ax = fig.add_subplot()
+    fig = Figure(figsize=(11.5, 5.8), layout="constrained")
+    ax, side = fig.subplots(1, 2, gridspec_kw={"width_ratios": (3.2, 1)})
     for level, style in zip(MEMORY_LEVELS, ("-", "--")):
         estimate = " (estimate)" if level in ESTIMATED_LEVELS else ""
         label = (f"{level} roof, {gpu_roof.bytes_per_s[level] / 1e12:g} TB/s{estimate}, "
                  f"ridge {gpu_roof.ridge(level):.0f} FLOP/byte")
-        ax.plot(grid, [gpu_roof.attainable_flops(i, level) for i in grid], style, color="black", label=label)
+        ax.plot(grid, [gpu_roof.attainable_flops(i, level) / 1e12 for i in grid], style, color="black", label=label)
         ax.axvline(gpu_roof.ridge(level), color="grey", linestyle=":", linewidth=0.8)
-    for (name, model), marker in zip(INTENSITY_MODELS.items(), ("o", "s", "^")):
-        xs = [row.intensity(name) for row in rows]
-        ys = [gpu_roof.attainable_flops(x, model.level) for x in xs]
-        ax.scatter(xs, ys, marker=marker, s=60, zorder=3, label=f"{model.label} ({model.level})")
-        for k, (row, x, y) in enumerate(zip(rows, xs, ys)):
-            # Labels of one model's points are staggered away from the roof: the points crowd together.
-            step = -10 if y >= gpu_roof.peak_flops else 10
-            ax.annotate(f"N={row.n}", (x, y), textcoords="offset points", xytext=(8, step * (k + 1)), fontsize=7)
+    for c, ((name, model), marker) in enumerate(zip(INTENSITY_MODELS.items(), ("o", "s", "^"))):
+        points = sorted((x, y, n) for m, n, x, y in markers if m == name)
+        ax.scatter([x for x, _, _ in points], [y for _, y, _ in points], marker=marker, s=60, zorder=3,
+                   facecolors="none", edgecolors=f"C{c}", linewidths=1.6, label=f"{model.label} ({model.level})")
+        crowded = max(x for x, _, _ in points) < 1.5 * min(x for x, _, _ in points)
+        for k, (x, y, n) in enumerate(points):
+            # Markers apart: the label just below. Crowded markers: their labels fan out below-right,
+            # one row each (the leftmost lowest, so the leader lines never cross), clear of the slopes.
+            flat = y >= peak * (1 - 1e-9)
+            # (Below the flat roof they start under the row of labels of markers that stand apart.)
+            offset = ((45, -30) if flat else (18, -12)) if crowded else (0, -16)
+            if crowded:
+                offset = (offset[0] + 3 * k, offset[1] - 13 * (len(points) - 1 - k))
+            ax.annotate(f"N={n:,}", (x, y), xytext=offset, textcoords="offset points", fontsize=7, color=f"C{c}",
+                        ha="left" if crowded else "center", va="top",
+                        arrowprops={"arrowstyle": "-", "color": f"C{c}", "linewidth": 0.6, "shrinkA": 0,
+                                    "shrinkB": 4})
     ax.set_xscale("log")
     ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
-    ax.set_ylabel("attainable FLOP/s")
-    ax.set_title(f"{gpu_roof.name}, {dtype}, d={d}: attention on the roofline")
+    ax.set_ylabel("attainable TFLOP/s")
+    ax.set_title(f"{gpu_roof.name}, {dtype}, d={d}: attention on the roofline (peak {peak:g} TFLOP/s)", fontsize=10)
     ax.legend(fontsize=8, loc="lower right")
     ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    return save_figure(fig, path)
+    side.axis("off")
+    rows = [[INTENSITY_MODELS[m].label, f"{n:,}", f"{x:,.0f}", f"{y:,.0f}"] for m, n, x, y in markers]
+    table = side.table(cellText=rows, colLabels=["model", "N", "FLOP/B", "TFLOP/s"], loc="upper center",
+                       cellLoc="right", colLoc="right")
+    table.auto_set_font_size(False)
+    table.set_fontsize(7)
+    table.auto_set_column_width(range(4))
+    side.set_title("the markers", fontsize=9)
+    return fig
 
 
 def positive_ints(name: str, values: Iterable[int]) -> list[int]:

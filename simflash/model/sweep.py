@@ -11,12 +11,16 @@ from __future__ import annotations
 import math
 import pathlib
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import attrs
 
 from simflash.config import KiB, MiB, check_positive_int, storage_dtype
 from simflash.model.roofline import SWEEP_N, positive_ints, save_figure
 from simflash.model.traffic import FLASH_TRAFFIC, flash_traffic, idealized_causal_naive_traffic, naive_traffic
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 SWEEP_SRAM_BYTES = tuple(2**k * KiB for k in range(3, 9))  # 8 .. 256 KiB
 CONDITIONS = (False, True)  # unmasked, causal: each its own experiment with its own baseline
@@ -114,7 +118,18 @@ def plot_sweep(
     d: int = 128, dtype: str = "float16", block_q: int = 128, block_kv: int = 64, n_for_sram: int = 4096,
 ) -> pathlib.Path:
     """Three panels: traffic vs N unmasked, vs N causal (each with its own baseline), vs M."""
+    return save_figure(sweep_figure(ns, sram_bytes, d, dtype, block_q, block_kv, n_for_sram), path)
+
+
+def sweep_figure(
+    ns: Iterable[int] = SWEEP_N, sram_bytes: Iterable[int] = SWEEP_SRAM_BYTES, d: int = 128,
+    dtype: str = "float16", block_q: int = 128, block_kv: int = 64, n_for_sram: int = 4096,
+) -> Figure:
+    """The sweep as a Figure (see plot_sweep). The causal panel draws both naive baselines, each
+    labelled: the exact causal triangle (the one the reductions are against) and the idealised N^2/2.
+    M is in KiB, as the command's --sram-kib option (the title gives the elements it holds)."""
     from matplotlib.figure import Figure  # plotting only: keeps `import simflash` light
+    from matplotlib.ticker import FuncFormatter
 
     ns, sram_bytes = list(ns), list(sram_bytes)
     fig = Figure(figsize=(15, 4.8))
@@ -122,29 +137,36 @@ def plot_sweep(
     for ax, causal in zip(axes, CONDITIONS):
         points = traffic_vs_n(ns, d, causal, dtype, block_q, block_kv)
         xs = [p.n for p in points]
-        ax.plot(xs, [p.baseline_bytes / MiB for p in points], "o-", color="black", label="naive (matched baseline)")
+        baseline = "naive causal, exact triangle (matched baseline)" if causal else "naive (matched baseline)"
+        ax.plot(xs, [p.baseline_bytes / MiB for p in points], "o-", color="black", label=baseline)
+        if causal:
+            ax.plot(xs, [p.idealized_baseline_bytes / MiB for p in points], "o--", color="grey", mfc="none",
+                    label="naive causal, idealized N²/2")
         for variant in FLASH_TRAFFIC:
             ax.plot(xs, [p.bytes_by_variant[variant] / MiB for p in points], "s-", label=variant)
         ax.set_title(f"{'causal' if causal else 'unmasked'}: B_r={block_q}, B_c={block_kv}, d={d}, {dtype}")
         ax.set_xlabel("sequence length N")
 
     m_points = traffic_vs_sram(sram_bytes, n_for_sram, d, False, dtype)
-    ms = [p.m_elements for p in m_points]
+    kib = [p.sram_bytes / KiB for p in m_points]
     ax = axes[2]
-    ax.plot(ms, [p.baseline_bytes / MiB for p in m_points], "o-", color="black", label="naive (no tiles)")
+    ax.plot(kib, [p.baseline_bytes / MiB for p in m_points], "o-", color="black", label="naive (no tiles)")
     for variant in FLASH_TRAFFIC:
-        ax.plot(ms, [p.bytes_by_variant[variant] / MiB for p in m_points], "s-", label=variant)
+        ax.plot(kib, [p.bytes_by_variant[variant] / MiB for p in m_points], "s-", label=variant)
     # The Theta(N^2 d^2 / M) reference, anchored at the first point of the first variant.
     first = next(iter(FLASH_TRAFFIC))
-    anchor = m_points[0].bytes_by_variant[first] / MiB * ms[0]
-    ax.plot(ms, [anchor / m for m in ms], ":", color="grey", label="∝ N²d²/M")
-    ax.set_title(f"unmasked, N={n_for_sram}, d={d}: tiles from M (FA-1 Alg. 1)")
-    ax.set_xlabel(f"SRAM capacity M ({dtype} elements)")
+    anchor = m_points[0].bytes_by_variant[first] / MiB * kib[0]
+    ax.plot(kib, [anchor / m for m in kib], ":", color="grey", label="∝ N²d²/M")
+    itemsize = storage_dtype(dtype).itemsize
+    ax.set_title(f"unmasked, N={n_for_sram}, d={d}: tiles from M (FA-1 Alg. 1)\n"
+                 f"M elements = KiB x {KiB // itemsize} ({dtype})", fontsize=10)
+    ax.set_xlabel("SRAM capacity M (KiB)")
     for ax in axes:
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_ylabel("HBM traffic (MiB)")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
+    axes[2].xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     fig.tight_layout()
-    return save_figure(fig, path)
+    return fig
