@@ -49,6 +49,9 @@ SWEEP_SRAM_KIB = tuple(size // KiB for size in SWEEP_SRAM_BYTES)
 EXTRA_ARGS = {"allow_extra_args": True}  # for `--d 64 128 256`: see _with_extras
 
 
+INTS = "<int>[,<int>...]"  # how the integer-list options show in --help
+
+
 def _list_help(what: str, option: str, default: Sequence[int]) -> str:
     return (f"{what}: --{option} 1,2 or --{option} 1 --{option} 2 (or --{option} 1 2 when it is the only list "
             f"given; default {','.join(map(str, default))}).")
@@ -102,8 +105,8 @@ def _size(nbytes: int) -> str:
 def roofline(
     ctx: typer.Context,
     gpu: Annotated[str, typer.Option(help=GPU_HELP + " Its ridge drives the conclusion and the plot.")] = DEFAULT_GPU,
-    d: Annotated[list[str] | None, typer.Option("--d", help=_list_help("Head dimensions", "d", ROOFLINE_D))] = None,
-    n: Annotated[list[str] | None, typer.Option("--n", help=_list_help("Sequence lengths", "n", SWEEP_N))] = None,
+    d: Annotated[list[str] | None, typer.Option("--d", metavar=INTS, help=_list_help("Head dimensions", "d", ROOFLINE_D))] = None,
+    n: Annotated[list[str] | None, typer.Option("--n", metavar=INTS, help=_list_help("Sequence lengths", "n", SWEEP_N))] = None,
     dtype: Annotated[str, typer.Option(help=DTYPE_HELP)] = "float16",
     block_q: Annotated[int, typer.Option(help="Query tile rows B_r of the tiled logical model.")] = 128,
     block_kv: Annotated[int, typer.Option(help="KV tile rows B_c of the tiled logical model.")] = 64,
@@ -257,9 +260,9 @@ def footprint(
 def sweep(
     ctx: typer.Context,
     d: Annotated[int, typer.Option(help="Head dimension.")] = 128,
-    n: Annotated[list[str] | None, typer.Option("--n", help=_list_help("Sequence lengths", "n", SWEEP_N))] = None,
+    n: Annotated[list[str] | None, typer.Option("--n", metavar=INTS, help=_list_help("Sequence lengths", "n", SWEEP_N))] = None,
     sram_kib: Annotated[list[str] | None, typer.Option(
-        "--sram-kib", help=_list_help("SRAM capacities M in KiB", "sram-kib", SWEEP_SRAM_KIB))] = None,
+        "--sram-kib", metavar=INTS, help=_list_help("SRAM capacities M in KiB", "sram-kib", SWEEP_SRAM_KIB))] = None,
     n_for_sram: Annotated[int, typer.Option(help="Sequence length of the sweep over M.")] = 4096,
     dtype: Annotated[str, typer.Option(help=DTYPE_HELP)] = "float16",
     block_q: Annotated[int, typer.Option(help="Query tile rows B_r of the sweep over N.")] = 128,
