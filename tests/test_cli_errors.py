@@ -189,3 +189,43 @@ def test_fp16_naive_overflow_is_reported_not_warned(qkv):
     assert run.overflow == int(np.sum(np.abs(q[0] @ k[0].T / np.sqrt(8)) > 65504))
     assert f"{run.overflow:,} entries of S" in run.overflow_note and "16 output row(s) are NaN" in run.overflow_note
     assert sf.naive_attention(*qkv).overflow == 0 and sf.naive_attention(*qkv).overflow_note == ""
+
+
+# ------------------------------------------------------------------------------------- --json
+
+
+@pytest.mark.parametrize("args, keys", [
+    (["scopes", "--n", "256"], {"tiles", "head_state_bytes", "logsumexp_bytes"}),
+    (["verify"], {"checks", "passed"}),
+    (["roofline", "--n", "1024"], {"gpus", "rows", "conclusion"}),
+    (["amdahl", "--f-time", "0.22", "--kernel-speedup", "2.8"], {"projection", "sensitivity", "by_share"}),
+    (["footprint", "--n", "1024"], {"naive", "fused", "short_sequence"}),
+    (["sweep", "--n", "1024,2048"], {"vs_n", "vs_sram"}),
+    (["report", "document_qa"], {"ttft_ms", "baseline_bytes", "flash_bytes"}),
+    (["gpu", "report", "benchmarks/gpu"], {"bench"}),
+    (["physical-validate", "benchmarks/gpu"], set()),
+])
+def test_table_commands_print_json(args, keys):
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert keys <= set(data), sorted(data)
+
+
+def test_scopes_json_matches_the_report():
+    data = json.loads(runner.invoke(app, ["scopes", "--n", "256", "--json"]).stdout)
+    assert data["tiles"][0]["first"] == 0 and data["tiles"][-1]["last"] == 1
+    assert data["head_state_bytes"] == 8 * 256
+
+
+def test_trace_input_file_is_problem_not_json(tmp_path):
+    path = tmp_path / "row.json"
+    path.write_text(json.dumps({"scores": [[8, 6], [10, 7]], "values": [[1, 2], [3, 4], [5, 6], [7, 8]]}))
+    assert runner.invoke(app, ["trace", "--problem", str(path)]).exit_code == 0
+    assert "--problem" in runner.invoke(app, ["trace", "--help"]).output
+
+
+def test_integer_lists_show_as_integers_in_help():
+    for args in (["sweep", "--help"], ["roofline", "--help"], ["gpu", "bench", "--help"], ["gpu", "profile", "--help"]):
+        text = runner.invoke(app, args, env={"COLUMNS": "200"}).output
+        assert "<int>[,<int>...]" in text and " TEXT " not in text, args

@@ -53,9 +53,10 @@ def test_run_reports_bad_arguments():
 def test_bench_writes_its_measurements(tmp_path):
     out = tmp_path / "bench.json"
     result = runner.invoke(app, ["bench", "--n", "256", "--d", "32", "--big-n", "1024", "--repeat", "1",
-                                 "--physical-n", "2048", "--physical-heads", "2", "--output", str(out)])
+                                 "--physical-n", "2048", "--physical-heads", "2", "--output", str(out), "--json"])
     assert result.exit_code == 0, result.output
     written = json.loads(out.read_text())
+    assert json.loads(result.stdout) == written  # --json prints what --output writes
     flash, naive, large, physical = written["results"]
     assert 0 < physical["seconds"] < physical["target_s"] == 10 and physical["dram_read_bytes"] > 0
     assert written["machine"]["blas_threads"] == 1

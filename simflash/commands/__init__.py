@@ -125,6 +125,34 @@ def user_errors() -> Iterator[None]:
         raise typer.Exit(1) from None
 
 
+JSON_HELP = "Print the result as JSON instead of tables."
+
+
+def as_data(value: Any) -> Any:
+    """attrs classes, tuples, paths and NumPy values as plain JSON data."""
+    import attrs
+    import numpy as np
+
+    if attrs.has(type(value)):
+        return {key: as_data(item) for key, item in attrs.asdict(value, recurse=False).items()}
+    if isinstance(value, dict):
+        return {str(key): as_data(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [as_data(item) for item in value]
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def print_json(value: Any) -> None:
+    """Print `value` as JSON on stdout (what --json gives on every command that prints tables)."""
+    typer.echo(json.dumps(as_data(value), indent=2))
+
+
 def guarded(callback: Callable) -> Callable:
     """`callback` run under user_errors: how the app wraps every command, in one place."""
     if getattr(callback, "__simflash_guarded__", False):

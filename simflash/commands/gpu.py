@@ -249,6 +249,8 @@ def report_command(
     folder: Annotated[Path, typer.Argument(help="Folder of saved results (validate.json, profile.json, ...).")],
     update: Annotated[Path | None, typer.Option(help="Refill the marked tables of this Markdown page instead "
                                                      "of printing them.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the tables as JSON (headers and rows) instead "
+                                                         "of Markdown.")] = False,
 ) -> None:
     """Markdown tables of saved GPU results, as docs/gpu.md shows them."""
     from simflash.backends import report
@@ -263,6 +265,10 @@ def report_command(
                                  f"(missing or wrong field {error})", param_hint="FOLDER") from None
     if update is not None:
         update.write_text(report.update_page(update.read_text(), tables))
+        return
+    if as_json:
+        typer.echo(json.dumps({name: {"headers": headers, "rows": rows} for name, (headers, rows) in tables.items()},
+                              indent=1))
         return
     for name, table in tables.items():
         typer.echo(f"<!-- gpu-table: {name} -->\n{report.markdown(table)}\n<!-- /gpu-table -->\n")

@@ -15,6 +15,7 @@ import typer
 
 from simflash.algorithms import FLASH_ALGORITHMS
 from simflash.api import flash_attention, run_tiled
+from simflash.commands import JSON_HELP, print_json
 from simflash.config import CAUSAL_VARIANTS, DEFAULT_GPU, KiB, STORAGE_DTYPES, check_positive_int, gpu_spec
 from simflash.memory import SimulatedGPU
 from simflash.numerics import reference_attention
@@ -408,9 +409,15 @@ def exercise4_checks() -> list[Check]:
 
 def verify_command(
     seed: int = typer.Option(0, "--seed", help="Random seed of the small causal problem.", min=0),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Check causal tiled attention: masked tiles agree with direct masked attention, a missing mask is caught."""
     checks = [*causal_checks(seed=seed), *exercise4_checks()]
+    if as_json:
+        print_json({"seed": seed, "checks": checks, "passed": sum(c.passed for c in checks)})
+        if not all(c.passed for c in checks):
+            raise typer.Exit(code=1)
+        return
     for check in checks:
         typer.echo(f"{'PASS' if check.passed else 'FAIL'}  {check.name}\n      {check.detail}")
     failed = sum(not check.passed for check in checks)
@@ -432,9 +439,13 @@ def scopes_command(
                                        help="Key rows (default kv_stages x B_c: no scope depends on it)."),
     kv_stages: int = typer.Option(2, "--kv-stages", help="K_j, V_j buffers in shared memory: 2 (the kernel's) or 1."),
     gpu: str = typer.Option(DEFAULT_GPU, "--gpu", help="GPU whose shared memory and register file bound the tiles."),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """What lives on chip: shared memory and registers per query tile, and the scopes of the statistics."""
     report = on_chip_scopes(n, d, block_q, block_kv, dtype, n_kv=n_kv, kv_stages=kv_stages, gpu=gpu)
+    if as_json:
+        print_json(report)
+        return
 
     def occupancy(field: str, peak: str) -> tuple[list[str], list[list[str]]]:
         names = list(dict.fromkeys(name for tile in report.tiles for name in getattr(tile, field)))
