@@ -18,6 +18,7 @@ from simflash.config import (
     DEFAULT_GPU,
     STATE_DTYPE,
     STORAGE_DTYPES,
+    check_bool,
     check_causal_variant,
     check_positive_int,
     gpu_spec,
@@ -69,6 +70,19 @@ class Run:
     events: tuple[MemoryEvent, ...] = ()  # every transfer, hold and matmul, when record_events=True
     flops_by_kind: dict[str, int] = attrs.field(factory=dict)  # tensor (= flops), exp, fp32, div
     physical: PhysicalTraffic | None = None  # what the L2 let through to DRAM, when cache is set
+    # Entries of S that overflowed the storage dtype (naive only: S is stored in HBM in `dtype`, as an
+    # fp16 eager path stores it). They are stored as +-inf, and every row holding one comes out NaN.
+    overflow: int = 0
+
+    @property
+    def overflow_note(self) -> str:
+        """Why the output holds NaN, when S overflowed; "" when it did not."""
+        if not self.overflow:
+            return ""
+        rows = int(np.isnan(self.out.astype(STATE_DTYPE)).any(axis=-1).sum())
+        return (f"{self.overflow:,} entries of S = QK^T x scale overflowed {self.config.dtype} (beyond "
+                f"+-{float(ml_dtypes.finfo(STORAGE_DTYPES[self.config.dtype]).max):g}) and were stored as +-inf; "
+                f"the softmax of a row holding +inf is NaN (exp(inf - inf)): {rows:,} output row(s) are NaN")
 
     def _repr_html_(self) -> str | None:
         """Jupyter: the trace viewer (`simflash view`'s page) in an iframe; None for a run too large to step through."""
@@ -111,7 +125,8 @@ def prepare_inputs(q, k, v, dtype: str, scale: float | None, causal_variant: str
     d = q.shape[-1]
     if scale is None:
         scale = 1.0 / math.sqrt(d)
-    if not (isinstance(scale, (int, float, np.floating)) and math.isfinite(scale) and scale > 0):
+    if (isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.integer, np.floating))
+            or not (math.isfinite(scale) and scale > 0)):
         raise ValueError(f"scale must be a finite positive number, got {scale!r}")
     return (*stored, float(scale))
 
@@ -156,6 +171,9 @@ def _flash_setup(
     if variant not in FLASH_ALGORITHMS:
         raise ValueError(f"variant must be one of {sorted(FLASH_ALGORITHMS)}, got {variant!r}")
     check_o_accum_dtype(variant, o_accum_dtype)
+    causal = check_bool("causal", causal)
+    write_logsumexp = check_bool("write_logsumexp", write_logsumexp)
+    record_events = check_bool("record_events", record_events)
     Q, K, V, scale = prepare_inputs(q, k, v, dtype, scale, causal_variant)
     block_q = check_positive_int("block_q", block_q)
     block_kv = check_positive_int("block_kv", block_kv)
@@ -353,6 +371,8 @@ def naive_attention(
     kernels share it) reports `run.physical`. Each kernel's CTAs (one per head) stream in head order
     under either schedule.
     """
+    causal = check_bool("causal", causal)
+    record_events = check_bool("record_events", record_events)
     Q, K, V, scale = prepare_inputs(q, k, v, dtype, scale, causal_variant)
     check_schedule(schedule)
     heads, n_q, d = Q.shape
@@ -367,13 +387,18 @@ def naive_attention(
         hbm.allocate(name, (heads, n_q, n_kv), Q.dtype, poison=False)
     hbm.allocate("O", Q.shape, Q.dtype)
     ctas = naive_grid(sched, heads, Q.dtype.itemsize)
+    overflow = 0
     for kernel in NAIVE_KERNELS:
         if hbm.l2 is not None and (cache == "cold" or kernel == NAIVE_KERNELS[0]):
             hbm.l2.flush()
-        with hbm.kernel(kernel):
+        # An S beyond the storage dtype's range is stored as inf, as an fp16 eager path stores it, and its
+        # row's softmax is NaN: counted below in run.overflow, not left to NumPy's RuntimeWarning.
+        with hbm.kernel(kernel), np.errstate(over="ignore", invalid="ignore"):
             for _ in run_bodies({cta: (lambda cta=cta, kernel=kernel: _attributed(
                     machine, cta.index, NAIVE_CTAS[kernel](machine, sched, scale, cta))) for cta in ctas}, 1):
                 pass
+        if kernel == NAIVE_KERNELS[0]:
+            overflow = int(np.isinf(hbm.inspect("S").astype(STATE_DTYPE)).sum())
     config = RunConfig("naive", heads, n_q, n_kv, d, dtype, scale, bool(causal), causal_variant, gpu=gpu,
                        schedule=schedule, cache=cache)
     return Run(
@@ -385,4 +410,5 @@ def naive_attention(
         events=tuple(machine.log.events) if machine.log is not None else (),
         flops_by_kind=machine.compute.flops_by_kind(),
         physical=hbm.l2.traffic() if hbm.l2 is not None else None,
+        overflow=overflow,
     )

@@ -6,6 +6,8 @@ import importlib
 
 import typer
 
+from simflash.commands import guard_app
+
 app = typer.Typer(
     name="simflash",
     help="See where every byte of attention goes: simulate, trace, model and measure FlashAttention.",
@@ -13,7 +15,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-
 
 
 @app.callback()
@@ -26,6 +27,10 @@ COMMAND_MODULES = ("run", "bench", "teach", "files", "analysis", "gpu", "physica
 
 for _module in COMMAND_MODULES:
     importlib.import_module(f"simflash.commands.{_module}").register(app)
+
+# Ordinary mistakes (a bad value, a missing or unwritable path, damaged JSON) become one line naming the
+# option, exit status 2, for every command: handled here, not per command.
+guard_app(app)
 
 
 def main() -> None:

@@ -47,6 +47,13 @@ def check_causal_variant(name: str) -> str:
     return name
 
 
+def check_bool(name: str, value: object) -> bool:
+    """A boolean option: True or False (NumPy's bool too), never a string or a number that reads as one."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
 def check_positive_int(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")

@@ -12,7 +12,7 @@ from typing import Literal
 import attrs
 import numpy as np
 
-from simflash.config import check_causal_variant, check_positive_int
+from simflash.config import check_bool, check_causal_variant, check_positive_int
 
 TileKind = Literal["full", "masked", "skipped"]
 
@@ -29,7 +29,7 @@ class TileSchedule:
     n_kv: int = attrs.field(validator=_positive_int)
     block_q: int = attrs.field(validator=_positive_int)
     block_kv: int = attrs.field(validator=_positive_int)
-    causal: bool = attrs.field(default=False, converter=bool)
+    causal: bool = attrs.field(default=False, converter=lambda v: check_bool("causal", v))
     causal_variant: str = attrs.field(default="upper_left", validator=lambda _, __, v: check_causal_variant(v))
 
     @property

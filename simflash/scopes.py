@@ -85,8 +85,13 @@ def on_chip_scopes(
     block_kv = check_positive_int("block_kv", block_kv)
     kv_stages = check_kv_stages(kv_stages)
     n_kv = kv_stages * block_kv if n_kv is None else check_positive_int("n_kv", n_kv)
+    # Every full query tile holds the same buffers; only a ragged last tile differs. Simulate one full tile
+    # and the last (n_sim rows), then stand the first for all full ones: the report does not grow with n.
+    block_q = check_positive_int("block_q", block_q)
+    tiles = -(-n // block_q)
+    n_sim = n if tiles <= 2 else block_q + (n - (tiles - 1) * block_q)
     rng = np.random.default_rng(seed)
-    q = rng.standard_normal((n, d))
+    q = rng.standard_normal((n_sim, d))
     k = rng.standard_normal((n_kv, d))
     v = rng.standard_normal((n_kv, d))
     run = flash_attention(
@@ -99,16 +104,23 @@ def on_chip_scopes(
         if event.scope in (SHARED, REGISTERS):
             by_cta.setdefault(event.cta, {SHARED: [], REGISTERS: []})[event.scope].append(event)
     groups: list[TileOccupancy] = []
+    spans = {0: (0, tiles - 2), 1: (tiles - 1, tiles - 1)} if n_sim < n else {}  # simulated tile -> real tiles
     for (_, i), events in sorted(by_cta.items()):
-        tile = TileOccupancy(i, i, *_cta_occupancy(events[SHARED]), *_cta_occupancy(events[REGISTERS]))
-        if groups and attrs.evolve(groups[-1], first=i, last=i) == tile:
-            groups[-1] = attrs.evolve(groups[-1], last=i)
+        first, last = spans.get(i, (i, i))
+        tile = TileOccupancy(first, last, *_cta_occupancy(events[SHARED]), *_cta_occupancy(events[REGISTERS]))
+        if groups and attrs.evolve(groups[-1], first=first, last=last) == tile:
+            groups[-1] = attrs.evolve(groups[-1], last=last)
         else:
             groups.append(tile)
 
     registers = run.on_chip.registers.peak_by_buffer
     statistics = ("m_i", "l_i")
-    head_state = sum(e.nbytes for e in run.events if e.scope == REGISTERS and e.op == "hold" and e.name in statistics)
+    state_by_tile: dict[int, int] = {}
+    for e in run.events:
+        if e.scope == REGISTERS and e.op == "hold" and e.name in statistics:
+            state_by_tile[e.cta[1]] = state_by_tile.get(e.cta[1], 0) + e.nbytes
+    head_state = sum(nbytes * (spans.get(i, (i, i))[1] - spans.get(i, (i, i))[0] + 1)
+                     for i, nbytes in state_by_tile.items())
     return ScopesReport(
         n_q=n, n_kv=n_kv, d=d, block_q=run.config.block_q, block_kv=block_kv, dtype=dtype,
         kv_stages=kv_stages, threads=cta_threads(min(block_q, n)),
@@ -119,5 +131,5 @@ def on_chip_scopes(
         head_state_bytes=head_state,
         cta_stats_bytes=sum(registers[name] for name in statistics),
         cta_accumulator_bytes=registers["a_i"],
-        logsumexp_bytes=run.traffic.by_tensor["L"].write_bytes,
+        logsumexp_bytes=run.traffic.by_tensor["L"].write_bytes // n_sim * n,  # one float32 per query row
     )

@@ -99,6 +99,12 @@ class TraceRequest:
 def _index_set(name: str, values: Iterable[int] | None, count: int) -> frozenset[int] | None:
     if values is None:
         return None
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise ValueError(f"{name} must be None or a collection of integer indices such as [0, 3], got {values!r}")
+    values = list(values)
+    wrong = [v for v in values if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer))]
+    if wrong:
+        raise ValueError(f"{name} must hold integer indices, got {wrong[0]!r}")
     chosen = frozenset(int(v) for v in values)
     outside = sorted(v for v in chosen if not 0 <= v < count)
     if outside:

@@ -86,4 +86,4 @@ def test_cli_exercise_3_and_errors():
     assert result.exit_code == 0, result.output
     assert "1.165x" in result.output and "1.021x" in result.output and "50%" in result.output
     bad = runner.invoke(app, ["amdahl", "--f-time", "1.5", "--kernel-speedup", "2"], env=WIDE)
-    assert bad.exit_code == 2 and "f_time" in bad.output
+    assert bad.exit_code == 2 and "--f-time" in bad.output

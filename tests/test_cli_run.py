@@ -22,7 +22,7 @@ def test_run_json_carries_exact_bytes_and_checks():
                                  "--heads", "2", "--dtype", "bfloat16", "--json"])
     assert result.exit_code == 0, result.output
     rows = {row["name"]: row for row in json.loads(result.stdout)["rows"]}
-    assert all(row["model_matches"] and row["passed"] is not False for row in rows.values())
+    assert all(row["model_matches"] is not False and row["passed"] is not False for row in rows.values())
     naive = rows["naive, unmasked"]["traffic"]
     assert naive["total_bytes"] == 2 * (4 * 300 * 16 * 2 + 4 * 300 * 300 * 2)
     assert rows["fa2, unmasked"]["reduction_vs_matched_baseline"] > 1
@@ -45,17 +45,18 @@ def flat(text: str) -> str:
 
 def test_run_reports_bad_arguments():
     result = runner.invoke(app, ["run", "--n", "0"])
-    assert result.exit_code != 0 and "n must be a positive integer" in flat(result.output)
+    assert result.exit_code != 0 and "--n: must be a positive integer" in flat(result.output)
     result = runner.invoke(app, ["run", "--dtype", "float8"])
-    assert result.exit_code != 0 and "dtype must be one of" in flat(result.output)
+    assert result.exit_code != 0 and "--dtype: must be one of" in flat(result.output)
 
 
 def test_bench_writes_its_measurements(tmp_path):
     out = tmp_path / "bench.json"
     result = runner.invoke(app, ["bench", "--n", "256", "--d", "32", "--big-n", "1024", "--repeat", "1",
-                                 "--physical-n", "2048", "--physical-heads", "2", "--output", str(out)])
+                                 "--physical-n", "2048", "--physical-heads", "2", "--output", str(out), "--json"])
     assert result.exit_code == 0, result.output
     written = json.loads(out.read_text())
+    assert json.loads(result.stdout) == written  # --json prints what --output writes
     flash, naive, large, physical = written["results"]
     assert 0 < physical["seconds"] < physical["target_s"] == 10 and physical["dram_read_bytes"] > 0
     assert written["machine"]["blas_threads"] == 1

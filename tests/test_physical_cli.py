@@ -181,7 +181,7 @@ def test_bad_options_are_refused_naming_the_option(tmp_path):
     assert_refused(invoke("--cache", "hot"), "--cache", "cold")
     assert_refused(invoke("--plot", str(tmp_path / "bars.pdf")), "--plot", ".png")
     assert_refused(invoke("--plot-vs-n", str(tmp_path / "curve.txt")), "--plot-vs-n", ".png")
-    assert_refused(invoke("--n", "0"), "n must be a positive integer")
+    assert_refused(invoke("--n", "0"), "--n", "must be a positive integer")
 
 
 def assert_png(path: Path) -> None:

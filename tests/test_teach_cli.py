@@ -12,13 +12,14 @@ from typer.testing import CliRunner
 import simflash as sf
 from simflash.algorithms import FLASH_ALGORITHMS
 from simflash.algorithms.flash2 import flash2_cta
-from simflash.commands import teach
+from simflash.commands import guard_app, teach
 
 
 @pytest.fixture
 def invoke():
     app = typer.Typer()
     teach.register(app)
+    guard_app(app)  # as simflash.cli does: ordinary mistakes become exit status 2, naming the option
     runner = CliRunner()
 
     def run(*args):
@@ -77,7 +78,7 @@ def test_trace_takes_scores_and_values_from_flags_and_json(invoke, tmp_path):
     by_flags = invoke("trace", "--scores", "1,2,3;0.5", "--values", "1;2;4;8")
     path = tmp_path / "row.json"
     path.write_text(json.dumps({"scores": scores, "values": values}))
-    by_json = invoke("trace", "--json", str(path))
+    by_json = invoke("trace", "--problem", str(path))
     for result in (by_flags, by_json):
         assert result.exit_code == 0, result.output
         assert f"O as stored in HBM: [{expected[0]:.4f}]" in result.output
@@ -95,15 +96,15 @@ def test_trace_takes_scores_and_values_from_flags_and_json(invoke, tmp_path):
         (["--scores", "8,inf", "--values", "1;2"], "must hold finite numbers"),
         (["--scores", "8"], "--scores and --values go together"),
         (["--scores", "8", "--values", "1", "--n", "4"], "do not combine with given scores"),
-        (["--n", "4", "--rows", "7"], "--rows must lie in [0, 4), got [7]"),
-        (["--n", "4", "--rows", "a"], "--rows must be comma-separated query row indices"),
-        (["--n", "0"], "--n must be a positive integer, got 0"),
-        (["--block-kv", "-2"], "--block-kv must be a positive integer"),
-        (["--n", "4", "--dtype", "float8"], "dtype must be one of"),
-        (["--causal", "--causal-variant", "diagonal"], "causal_variant must be one of"),
+        (["--n", "4", "--rows", "7"], "--rows: must lie in [0, 4), got [7]"),
+        (["--n", "4", "--rows", "a"], "--rows: must be comma-separated query row indices"),
+        (["--n", "0"], "--n: must be a positive integer, got 0"),
+        (["--block-kv", "-2"], "--block-kv: must be a positive integer"),
+        (["--n", "4", "--dtype", "float8"], "--dtype: must be one of"),
+        (["--causal", "--causal-variant", "diagonal"], "--causal-variant: must be one of"),
         (["--causal-variant", "lower_right"], "--causal-variant: applies to causal attention: add --causal"),
         (["--variant", "fa9"], "--variant: must be one of ['fa1', 'fa2']"),
-        (["--json", "missing.json"], "cannot read missing.json"),
+        (["--problem", "missing.json"], "cannot read missing.json"),
     ],
 )
 def test_trace_rejects_malformed_input_clearly(invoke, args, message):
@@ -127,7 +128,7 @@ def test_trace_rejects_malformed_input_clearly(invoke, args, message):
 def test_trace_rejects_malformed_json(invoke, tmp_path, content, message):
     path = tmp_path / "bad.json"
     path.write_text(content)
-    result = invoke("trace", "--json", str(path))
+    result = invoke("trace", "--problem", str(path))
     assert result.exit_code == 2
     assert message in result.words
 
@@ -219,4 +220,4 @@ def test_scopes_prints_the_lesson_scopes(invoke):
 def test_scopes_rejects_bad_sizes(invoke):
     result = invoke("scopes", "--d", "0")
     assert result.exit_code == 2
-    assert "d must be a positive integer" in result.words
+    assert "--d: must be a positive integer" in result.words

@@ -13,11 +13,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from simflash.commands import make_console, user_errors
+from simflash.commands import JSON_HELP, make_console, print_json, user_errors
 from simflash.config import DEFAULT_GPU, GPUS, STORAGE_DTYPES, GiB, KiB, MiB
 from simflash.model.amdahl import QUOTED_FLOP_SHARE, SENSITIVITY_F_TIME, attention_flop_share, project, sensitivity
 from simflash.model.footprint import fused_footprints, intermediate_footprints, short_sequence
-from simflash.model.report import builtin_scenarios, load_scenario, render_report
+from simflash.model.report import attribute, builtin_scenarios, load_scenario, render_report
 from simflash.model.roofline import (
     INTENSITY_MODELS,
     LECTURE_DTYPE,
@@ -49,6 +49,9 @@ SWEEP_SRAM_KIB = tuple(size // KiB for size in SWEEP_SRAM_BYTES)
 EXTRA_ARGS = {"allow_extra_args": True}  # for `--d 64 128 256`: see _with_extras
 
 
+INTS = "<int>[,<int>...]"  # how the integer-list options show in --help
+
+
 def _list_help(what: str, option: str, default: Sequence[int]) -> str:
     return (f"{what}: --{option} 1,2 or --{option} 1 --{option} 2 (or --{option} 1 2 when it is the only list "
             f"given; default {','.join(map(str, default))}).")
@@ -78,6 +81,12 @@ def _with_extras(ctx: typer.Context, lists: dict[str, list[str]]) -> dict[str, l
     return {**lists, given[0]: [*lists[given[0]], *ctx.args]}
 
 
+def as_dict(value) -> dict:
+    from simflash.commands import as_data
+
+    return as_data(value)
+
+
 def _print_table(console: Console, title: str, columns: Sequence[str], rows: Sequence[Sequence[object]],
                  left: int = 1) -> None:
     """A title line (never wrapped to the table's width), then the table; the first `left` columns are text."""
@@ -102,14 +111,15 @@ def _size(nbytes: int) -> str:
 def roofline(
     ctx: typer.Context,
     gpu: Annotated[str, typer.Option(help=GPU_HELP + " Its ridge drives the conclusion and the plot.")] = DEFAULT_GPU,
-    d: Annotated[list[str] | None, typer.Option("--d", help=_list_help("Head dimensions", "d", ROOFLINE_D))] = None,
-    n: Annotated[list[str] | None, typer.Option("--n", help=_list_help("Sequence lengths", "n", SWEEP_N))] = None,
+    d: Annotated[list[str] | None, typer.Option("--d", metavar=INTS, help=_list_help("Head dimensions", "d", ROOFLINE_D))] = None,
+    n: Annotated[list[str] | None, typer.Option("--n", metavar=INTS, help=_list_help("Sequence lengths", "n", SWEEP_N))] = None,
     dtype: Annotated[str, typer.Option(help=DTYPE_HELP)] = "float16",
     block_q: Annotated[int, typer.Option(help="Query tile rows B_r of the tiled logical model.")] = 128,
     block_kv: Annotated[int, typer.Option(help="KV tile rows B_c of the tiled logical model.")] = 64,
     variant: Annotated[str, typer.Option(help=VARIANT_HELP)] = "fa2",
     plot: Annotated[pathlib.Path | None, typer.Option(help="Write the roofline plot here (.png or .svg).")] = None,
     plot_d: Annotated[int, typer.Option(help="Head dimension of the plot's markers.")] = 128,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """Arithmetic intensity of naive and FlashAttention against each GPU's ridge point."""
     lists = _with_extras(ctx, {"d": d or list(map(str, ROOFLINE_D)), "n": n or list(map(str, SWEEP_N))})
@@ -123,6 +133,16 @@ def roofline(
         lecture_roof = roof(gpu, LECTURE_DTYPE)
         path = plot_roofline(plot, gpu, plot_d, dtype, block_q=block_q, block_kv=block_kv,
                              variant=variant) if plot else None
+    if as_json:
+        print_json({"dtype": dtype, "block_q": block_q, "block_kv": block_kv, "variant": variant,
+                    "models": {name: {"label": m.label, "level": m.level, "describes": m.describes}
+                               for name, m in INTENSITY_MODELS.items()}, "gpus": [{**as_dict(r), "ridge": {lvl: r.ridge(lvl) for lvl in r.bytes_per_s}}
+                                                          for r in roofs],
+                    "rows": [{**as_dict(row), "intensity": {m: row.intensity(m) for m in INTENSITY_MODELS}}
+                             for row in rows],
+                    "conclusion": conclusion(rows, chosen), "lecture_readings": readings,
+                    "plot": None if path is None else str(path)})
+        return
 
     console.print("FLOPs per head = 4 N^2 d (the two matmuls). Bytes by model, and the memory level each describes:")
     _print_table(console, "", ("model", "level", "what its bytes describe"),
@@ -175,6 +195,7 @@ def amdahl(
     head_dim: Annotated[int, typer.Option(help="Head dimension, for the counted FLOP share.")] = 128,
     prompt_tokens: Annotated[int, typer.Option(help="Prompt length P, for the counted FLOP share.")] = 2048,
     causal: Annotated[bool, typer.Option(help="Causal attention, for the counted FLOP share.")] = True,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """Amdahl's law on a time share: speedup, latency cut, sensitivity, and why a FLOP share misleads."""
     console = make_console()
@@ -189,6 +210,11 @@ def amdahl(
                            f"QK^T, PV; {layers} layers x {heads} heads x d={head_dim}, P={prompt_tokens}",
              project(counted.share, kernel_speedup)),
         ]
+    if as_json:
+        print_json({"f_time": f_time, "kernel_speedup": kernel_speedup, "projection": main, "sensitivity": table,
+                    "by_share": [{"share": kind, "source": source, "projection": p} for kind, source, p in by_share],
+                    "counted_flop_share": counted})
+        return
     s = kernel_speedup
     console.print(f"speedup = 1 / ((1 - {f_time:g}) + {f_time:g} / {s:g}) = 1 / {1 / main.speedup:.6f} "
                   f"= {main.speedup:.3f}x")
@@ -208,10 +234,16 @@ def report(
     scenario: Annotated[str, typer.Argument(
         help=f"A .toml/.yaml/.yml scenario file, or a built-in one: {', '.join(builtin_scenarios())}.")],
     output: Annotated[pathlib.Path | None, typer.Option(help="Write the Markdown report here.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the attribution's numbers as JSON instead of "
+                                                         "the Markdown report.")] = False,
 ) -> None:
     """One-page latency attribution report (Markdown) for a serial-trace scenario."""
     with user_errors():
-        text = render_report(load_scenario(scenario))
+        loaded = load_scenario(scenario)
+        if as_json:
+            print_json(attribute(loaded))
+            return
+        text = render_report(loaded)
     if output is None:
         typer.echo(text, nl=False)
     else:
@@ -229,6 +261,7 @@ def footprint(
     block_q: Annotated[int, typer.Option(help="Query tile rows B_r of the fused kernel.")] = 128,
     block_kv: Annotated[int, typer.Option(help="KV tile rows B_c of the fused kernel.")] = 64,
     gpu: Annotated[str, typer.Option(help=GPU_HELP + " Its carve-out bounds the fused kernel's tiles.")] = DEFAULT_GPU,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """Memory footprints with their scopes: per head, one layer, training retention; fused; short N vs L2."""
     console = make_console()
@@ -236,6 +269,10 @@ def footprint(
         naive = intermediate_footprints(n, heads, layers, dtype)
         fused = fused_footprints(n, d, block_q, block_kv, dtype, gpu)
         fits = short_sequence(short_n, dtype)
+    if as_json:
+        print_json({"n": n, "d": d, "dtype": dtype, "naive": naive, "fused": fused, "short_n": short_n,
+                    "short_sequence": fits})
+        return
     columns = ("scope", "assumption", "footprint", "bytes")
     _print_table(console, f"Naive baseline: S and P, N={n}, {dtype}", columns,
                  [(f.scope, f.assumption, _size(f.size_bytes), f"{f.size_bytes:,}") for f in naive], left=2)
@@ -257,14 +294,15 @@ def footprint(
 def sweep(
     ctx: typer.Context,
     d: Annotated[int, typer.Option(help="Head dimension.")] = 128,
-    n: Annotated[list[str] | None, typer.Option("--n", help=_list_help("Sequence lengths", "n", SWEEP_N))] = None,
+    n: Annotated[list[str] | None, typer.Option("--n", metavar=INTS, help=_list_help("Sequence lengths", "n", SWEEP_N))] = None,
     sram_kib: Annotated[list[str] | None, typer.Option(
-        "--sram-kib", help=_list_help("SRAM capacities M in KiB", "sram-kib", SWEEP_SRAM_KIB))] = None,
+        "--sram-kib", metavar=INTS, help=_list_help("SRAM capacities M in KiB", "sram-kib", SWEEP_SRAM_KIB))] = None,
     n_for_sram: Annotated[int, typer.Option(help="Sequence length of the sweep over M.")] = 4096,
     dtype: Annotated[str, typer.Option(help=DTYPE_HELP)] = "float16",
     block_q: Annotated[int, typer.Option(help="Query tile rows B_r of the sweep over N.")] = 128,
     block_kv: Annotated[int, typer.Option(help="KV tile rows B_c of the sweep over N.")] = 64,
     plot: Annotated[pathlib.Path | None, typer.Option(help="Write the three-panel plot here (.png or .svg).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """HBM traffic vs N (each masking condition against its own baseline) and vs SRAM capacity M."""
     lists = _with_extras(ctx, {"n": n or list(map(str, SWEEP_N)),
@@ -277,6 +315,13 @@ def sweep(
         by_condition = {causal: traffic_vs_n(ns, d, causal, dtype, block_q, block_kv) for causal in CONDITIONS}
         m_points = traffic_vs_sram(sizes, n_for_sram, d, False, dtype)
         path = plot_sweep(plot, ns, sizes, d, dtype, block_q, block_kv, n_for_sram) if plot else None
+    if as_json:
+        print_json({"d": d, "dtype": dtype, "block_q": block_q, "block_kv": block_kv, "n_for_sram": n_for_sram,
+                    "vs_n": {"causal" if causal else "unmasked": points for causal, points in by_condition.items()},
+                    "vs_sram": [{**as_dict(p), "slope": {v: local_slopes(m_points, v)[k] for v in variants}}
+                                for k, p in enumerate(m_points)],
+                    "plot": None if path is None else str(path)})
+        return
 
     for causal, points in by_condition.items():
         mask = "causal" if causal else "unmasked"

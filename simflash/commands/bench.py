@@ -24,12 +24,13 @@ def bench(
     physical_heads: Annotated[int, typer.Option(help="Heads for timing the whole-chip prediction.")] = 32,
     repeat: Annotated[int, typer.Option(help="Timed runs of each side (median taken).")] = 5,
     output: Annotated[Path | None, typer.Option(help="Also write the results as JSON here.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON instead of the table.")] = False,
 ) -> None:
     """Time the simulator against bare NumPy doing the same math, and FA-2 at large N (time, peak memory).
 
     Each measurement runs in a fresh child process with BLAS on one thread.
     """
-    console = make_console()
+    console = make_console(stderr=as_json)
     load_average = os.getloadavg()[0]  # other work on the machine slows both sides of every comparison
     with console.status("timing FA-2 simulation vs bare tiled loop"):
         flash = in_child("flash_overhead", n=n, d=d, repeat=repeat)
@@ -59,13 +60,16 @@ def bench(
                   f"< {large['target_mb']} MB", "yes" if large["peak_rss_mb"] < large["target_mb"] else "NO")
     table.add_row(f"{physical['what']}, N={physical['n']}, H={physical['heads']}", f"{physical['seconds']:.1f} s",
                   "-", "-", f"< {physical['target_s']} s", "yes" if physical["seconds"] < physical["target_s"] else "NO")
-    console.print(table)
+    if not as_json:
+        console.print(table)
+    results = {"command": "simflash bench" + (f" --repeat {repeat}" if repeat != 5 else ""),
+               "machine": {"python": platform.python_version(), "numpy": np.__version__,
+                           "processor": platform.machine(), "cpus": os.cpu_count(),
+                           "load_average_at_start": load_average, "blas_threads": 1},
+               "results": [flash, naive, large, physical]}
+    if as_json:
+        print(json.dumps(results, indent=2))
     if output is not None:
-        results = {"command": "simflash bench" + (f" --repeat {repeat}" if repeat != 5 else ""),
-                   "machine": {"python": platform.python_version(), "numpy": np.__version__,
-                               "processor": platform.machine(), "cpus": os.cpu_count(),
-                               "load_average_at_start": load_average, "blas_threads": 1},
-                   "results": [flash, naive, large, physical]}
         output.write_text(json.dumps(results, indent=2) + "\n")
 
 

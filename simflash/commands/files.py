@@ -30,8 +30,9 @@ BLOCK_KV = Annotated[int, typer.Option(help="KV tile rows B_c.")]
 CAUSAL = Annotated[bool, typer.Option(help="Causal masking.")]
 CAUSAL_VARIANT = Annotated[str, typer.Option(help=f"Causal diagonal when n_q != n_kv: {', '.join(CAUSAL_VARIANTS)}.")]
 DTYPE = Annotated[str, typer.Option(help=f"HBM storage dtype: {', '.join(STORAGE_DTYPES)}.")]
-SEED = Annotated[int, typer.Option(help="Seed of the random inputs (standard normal).")]
+SEED = Annotated[int, typer.Option(help="Seed of the random inputs (standard normal).", min=0)]
 OUT = Annotated[Path, typer.Option("--out", "-o", help="File to write.")]
+MAX_MAP_TILES = 512  # tiles a side of a tile map; beyond it the cells are under a pixel
 
 
 def random_inputs(n: int, n_kv: int | None, d: int, heads: int, seed: int) -> tuple[np.ndarray, ...]:
@@ -45,10 +46,6 @@ def random_inputs(n: int, n_kv: int | None, d: int, heads: int, seed: int) -> tu
     return rng.standard_normal((heads, n, d)), rng.standard_normal((heads, n_kv, d)), rng.standard_normal((heads, n_kv, d))
 
 
-def _bad(error: ValueError) -> typer.BadParameter:
-    return typer.BadParameter(str(error))
-
-
 def golden(
     check: Annotated[bool, typer.Option("--check", help="Compare the files with what the code produces; "
                                                        "write nothing; exit 1 on any difference.")] = False,
@@ -59,7 +56,7 @@ def golden(
     try:
         directory = golden_traces.golden_directory(directory)
     except ValueError as error:
-        raise _bad(error) from None
+        raise typer.BadParameter(str(error), param_hint="--dir") from None
     if check:
         problems = golden_traces.check_golden(directory)
         for problem in problems:
@@ -87,21 +84,18 @@ def export(
                                             "no tile state).")] = "full",
 ) -> None:
     """Run one configuration on random inputs and write its trace (.json, .npz) or timeline (.perfetto.json)."""
-    try:
-        kind = trace_files.format_for(out, file_format)
-        if algorithm not in ALGORITHMS:
-            raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
-        q, k, v = random_inputs(n, n_kv, d, heads, seed)
-        common = {"causal": causal, "causal_variant": causal_variant, "dtype": dtype, "record_events": kind == "perfetto"}
-        if algorithm == "naive":
-            run = sf.naive_attention(q, k, v, **common)
-        else:
-            # A timeline is drawn from the events alone: no tile trace, so none of its size limit.
-            run = sf.flash_attention(q, k, v, block_q, block_kv, variant=algorithm,
-                                     trace="none" if kind == "perfetto" else level, **common)
-        path = run.trace.save(out, kind, events=run.events)
-    except ValueError as error:
-        raise _bad(error) from None
+    kind = trace_files.format_for(out, file_format)
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    q, k, v = random_inputs(n, n_kv, d, heads, seed)
+    common = {"causal": causal, "causal_variant": causal_variant, "dtype": dtype, "record_events": kind == "perfetto"}
+    if algorithm == "naive":
+        run = sf.naive_attention(q, k, v, **common)
+    else:
+        # A timeline is drawn from the events alone: no tile trace, so none of its size limit.
+        run = sf.flash_attention(q, k, v, block_q, block_kv, variant=algorithm,
+                                 trace="none" if kind == "perfetto" else level, **common)
+    path = run.trace.save(out, kind, events=run.events)
     what = f"{len(run.events):,} events" if kind == "perfetto" else f"{len(run.trace):,} tile steps"
     console.print(f"wrote {escape(str(path))} ({kind}, {what}, {path.stat().st_size:,} bytes)")
 
@@ -115,12 +109,13 @@ def plot_tilemap(
     causal: CAUSAL = True, causal_variant: CAUSAL_VARIANT = "upper_left",
 ) -> None:
     """The tile map: which (i, j) tiles are full, masked (straddle the diagonal) or skipped."""
-    try:
-        schedule = sf.TileSchedule(n, n if n_kv is None else n_kv, block_q, block_kv, causal=causal,
-                                   causal_variant=causal_variant)
-        path = plots.tile_map(schedule, out)
-    except ValueError as error:
-        raise _bad(error) from None
+    schedule = sf.TileSchedule(n, n if n_kv is None else n_kv, block_q, block_kv, causal=causal,
+                               causal_variant=causal_variant)
+    if max(schedule.n_q_tiles, schedule.n_kv_tiles) > MAX_MAP_TILES:
+        raise typer.BadParameter(
+            f"the map would draw {schedule.n_q_tiles:,} x {schedule.n_kv_tiles:,} tiles; at most {MAX_MAP_TILES} "
+            "a side can be told apart: raise --block-q / --block-kv or lower --n", param_hint="--n")
+    path = plots.tile_map(schedule, out)
     console.print(f"wrote {escape(str(path))}")
 
 
@@ -136,17 +131,14 @@ def plot_stats(
     causal_variant: CAUSAL_VARIANT = "upper_left", dtype: DTYPE = "float32", seed: SEED = 0,
 ) -> None:
     """m, alpha and l of chosen query rows across the KV tiles (from a run, or a saved trace)."""
-    try:
-        if trace_file is not None:
-            trace = sf.Trace.load(trace_file)
-        else:
-            q, k, v = random_inputs(n, n_kv, d, 1, seed)
-            trace = sf.flash_attention(q, k, v, block_q, block_kv, causal=causal, causal_variant=causal_variant,
-                                       dtype=dtype, variant=variant, trace="stats").trace
-        chosen = _row_list(rows, trace)
-        path = plots.tile_stats(trace, chosen, out, head=head)
-    except ValueError as error:
-        raise _bad(error) from None
+    if trace_file is not None:
+        trace = sf.Trace.load(trace_file)
+    else:
+        q, k, v = random_inputs(n, n_kv, d, 1, seed)
+        trace = sf.flash_attention(q, k, v, block_q, block_kv, causal=causal, causal_variant=causal_variant,
+                                   dtype=dtype, variant=variant, trace="stats").trace
+    chosen = _row_list(rows, trace)
+    path = plots.tile_stats(trace, chosen, out, head=head)
     console.print(f"wrote {escape(str(path))} (rows {', '.join(map(str, chosen))})")
 
 
@@ -169,18 +161,15 @@ def plot_traffic(
     dtype: DTYPE = "float16", seed: SEED = 0,
 ) -> None:
     """Cumulative HBM bytes by tensor over the run: naive next to every tiled variant."""
-    try:
-        q, k, v = random_inputs(n, n_kv, d, 1, seed)
-        common = {"causal": causal, "causal_variant": causal_variant, "dtype": dtype, "record_events": True}
-        runs = {"naive": sf.naive_attention(q, k, v, **common).events}
-        for variant in FLASH_ALGORITHMS:
-            runs[variant] = sf.flash_attention(q, k, v, block_q, block_kv, variant=variant, trace="none",
-                                               **common).events
-        mask = f"causal {causal_variant}" if causal else "unmasked"
-        title = f"n_q={n}, n_kv={n if n_kv is None else n_kv}, d={d}, {dtype}, B_r={block_q}, B_c={block_kv}, {mask}"
-        path = plots.traffic_over_run(runs, out, title=title)
-    except ValueError as error:
-        raise _bad(error) from None
+    q, k, v = random_inputs(n, n_kv, d, 1, seed)
+    common = {"causal": causal, "causal_variant": causal_variant, "dtype": dtype, "record_events": True}
+    runs = {"naive": sf.naive_attention(q, k, v, **common).events}
+    for variant in FLASH_ALGORITHMS:
+        runs[variant] = sf.flash_attention(q, k, v, block_q, block_kv, variant=variant, trace="none",
+                                           **common).events
+    mask = f"causal {causal_variant}" if causal else "unmasked"
+    title = f"n_q={n}, n_kv={n if n_kv is None else n_kv}, d={d}, {dtype}, B_r={block_q}, B_c={block_kv}, {mask}"
+    path = plots.traffic_over_run(runs, out, title=title)
     console.print(f"wrote {escape(str(path))}")
 
 

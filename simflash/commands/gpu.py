@@ -74,7 +74,7 @@ def info(as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = Fals
 @gpu_app.command()
 def validate(
     quick: Annotated[bool, typer.Option(help="A few small configurations instead of the full sweep.")] = False,
-    seed: Annotated[int | None, typer.Option(help="Input seed (default: fresh, and recorded).")] = None,
+    seed: Annotated[int | None, typer.Option(help="Input seed (default: fresh, and recorded).", min=0)] = None,
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
     save: Annotated[Path | None, typer.Option(help=SAVE_HELP)] = None,
 ) -> None:
@@ -103,14 +103,14 @@ def _label(config: dict) -> str:
 
 @gpu_app.command()
 def profile(
-    n: Annotated[str, typer.Option(help="Sequence length(s), comma-separated.")] = "4096",
+    n: Annotated[str, typer.Option(help="Sequence length(s), comma-separated.", metavar="<int>[,<int>...]")] = "4096",
     d: Annotated[int, typer.Option(help="Head dim.")] = 128,
-    heads: Annotated[str, typer.Option(help="Head count(s), comma-separated.")] = "32",
+    heads: Annotated[str, typer.Option(help="Head count(s), comma-separated.", metavar="<int>[,<int>...]")] = "32",
     causal: Annotated[bool, typer.Option(help="Causal mask (upper_left; n_q = n_kv).")] = False,
     naive_max_n: Annotated[int, typer.Option(help="Profile the naive path only up to this N (S, P grow as N^2).")] = 8192,
     sweep: Annotated[bool, typer.Option(help="Profile the docs' sweep (heads 1..64, N 1024..16384, causal) "
                                              "instead of --n/--heads/--causal.")] = False,
-    seed: Annotated[int, typer.Option(help="Input seed.")] = 0,
+    seed: Annotated[int, typer.Option(help="Input seed.", min=0)] = 0,
     raw_csv: Annotated[Path | None, typer.Option(help="Also keep ncu's CSV report here.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
     save: Annotated[Path | None, typer.Option(help=SAVE_HELP)] = None,
@@ -137,7 +137,7 @@ def calibrate(
     cache: Annotated[str, typer.Option(help="cold (ncu flushes before every kernel), warm (one read-only "
                                             "flush before each group), or time (CUDA events, no profiler).")] = "cold",
     limit: Annotated[int | None, typer.Option(help="Only the first LIMIT configurations (a smoke run).")] = None,
-    seed: Annotated[int, typer.Option(help="Input seed.")] = 0,
+    seed: Annotated[int, typer.Option(help="Input seed.", min=0)] = 0,
     raw_csv: Annotated[Path | None, typer.Option(help="Also keep ncu's CSV report here.")] = None,
     save: Annotated[Path | None, typer.Option(help=SAVE_HELP)] = None,
 ) -> None:
@@ -159,8 +159,8 @@ def calibrate(
 
 @gpu_app.command()
 def bench(
-    n: Annotated[str, typer.Option(help="Sequence lengths, comma-separated.")] = "1024,4096,16384",
-    d: Annotated[str, typer.Option(help="Head dims, comma-separated.")] = "64,128",
+    n: Annotated[str, typer.Option(help="Sequence lengths, comma-separated.", metavar="<int>[,<int>...]")] = "1024,4096,16384",
+    d: Annotated[str, typer.Option(help="Head dims, comma-separated.", metavar="<int>[,<int>...]")] = "64,128",
     heads: Annotated[int, typer.Option(help="Heads (batch 1).")] = 32,
     causal: Annotated[str, typer.Option(help="no, yes or both.")] = "both",
     tiles: Annotated[str, typer.Option(help="FA-2 tile shapes B_rxB_c to time; the first is the headline.")] = "128x64",
@@ -168,7 +168,7 @@ def bench(
     math_max_n: Annotated[int, typer.Option(help="Compare against SDPA's math backend only up to this N.")] = 4096,
     dram_from: Annotated[Path | None, typer.Option(help="A saved `gpu profile --save` result: DRAM bytes / time "
                                                        "for the configurations it measured.")] = None,
-    seed: Annotated[int, typer.Option(help="Input seed.")] = 0,
+    seed: Annotated[int, typer.Option(help="Input seed.", min=0)] = 0,
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
     save: Annotated[Path | None, typer.Option(help=SAVE_HELP)] = None,
 ) -> None:
@@ -185,8 +185,8 @@ def bench(
         shapes = tuple(tuple(int(x) for x in shape.split("x")) for shape in tiles.split(","))
     except ValueError:
         raise typer.BadParameter(f"expected shapes like 128x64,64x64, got {tiles!r}", param_hint="--tiles") from None
-    dram = dram_by_config(json.loads(dram_from.read_text())) if dram_from is not None else {}
     with user_errors():
+        dram = dram_by_config(json.loads(dram_from.read_text())) if dram_from is not None else {}
         configs = [BenchConfig(size, dim, heads, mask) for dim in _ints("d", d) for size in _ints("n", n)
                    for mask in masks[causal]]
         device = device_info()
@@ -249,6 +249,8 @@ def report_command(
     folder: Annotated[Path, typer.Argument(help="Folder of saved results (validate.json, profile.json, ...).")],
     update: Annotated[Path | None, typer.Option(help="Refill the marked tables of this Markdown page instead "
                                                      "of printing them.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the tables as JSON (headers and rows) instead "
+                                                         "of Markdown.")] = False,
 ) -> None:
     """Markdown tables of saved GPU results, as docs/gpu.md shows them."""
     from simflash.backends import report
@@ -256,10 +258,17 @@ def report_command(
     results = report.load(folder)
     if not results:
         raise typer.BadParameter(f"no saved results in {folder} (expected {', '.join(report.RESULT_FILES.values())})")
-    tables = report.tables(results)
+    try:
+        tables = report.tables(results)
+    except (KeyError, TypeError, IndexError, AttributeError) as error:
+        raise typer.BadParameter(f"a saved result in {folder} is not what `simflash gpu ... --save` writes "
+                                 f"(missing or wrong field {error})", param_hint="FOLDER") from None
     if update is not None:
-        with user_errors():
-            update.write_text(report.update_page(update.read_text(), tables))
+        update.write_text(report.update_page(update.read_text(), tables))
+        return
+    if as_json:
+        typer.echo(json.dumps({name: {"headers": headers, "rows": rows} for name, (headers, rows) in tables.items()},
+                              indent=1))
         return
     for name, table in tables.items():
         typer.echo(f"<!-- gpu-table: {name} -->\n{report.markdown(table)}\n<!-- /gpu-table -->\n")

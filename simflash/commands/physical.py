@@ -162,6 +162,8 @@ def validate(
         "benchmarks/gpu"),
     gpu: Annotated[str, typer.Option(help=f"GPU machine file: {', '.join(GPUS)}.")] = DEFAULT_GPU,
     save: Annotated[Path | None, typer.Option(help="Also write every row and the summary as JSON here.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print every row and the summary as JSON instead of "
+                                                         "the Markdown tables.")] = False,
 ) -> None:
     """Predict every kernel of the calibration sweep and compare with ncu: fit set and held-out set."""
     from simflash.model.calibration import markdown
@@ -174,7 +176,7 @@ def validate(
         report = run_validation(folder, _choice("gpu", gpu, tuple(GPUS)))
     if save is not None:
         save.write_text(json.dumps(report, indent=1) + "\n")
-    typer.echo(markdown(report))
+    typer.echo(json.dumps(report, indent=1) if as_json else markdown(report))
 
 
 def register(app: typer.Typer) -> None:

@@ -15,6 +15,7 @@ import typer
 
 from simflash.algorithms import FLASH_ALGORITHMS
 from simflash.api import flash_attention, run_tiled
+from simflash.commands import JSON_HELP, print_json
 from simflash.config import CAUSAL_VARIANTS, DEFAULT_GPU, KiB, STORAGE_DTYPES, check_positive_int, gpu_spec
 from simflash.memory import SimulatedGPU
 from simflash.numerics import reference_attention
@@ -125,20 +126,20 @@ def _load_json(path: Path) -> tuple[list[list[float]], list[list[float]]]:
     try:
         data = json.loads(path.read_text())
     except OSError as error:
-        raise typer.BadParameter(f"cannot read {path}: {error.strerror}", param_hint="--json") from None
+        raise typer.BadParameter(f"cannot read {path}: {error.strerror}", param_hint="--problem") from None
     except json.JSONDecodeError as error:
         raise typer.BadParameter(f"{path} is not valid JSON ({error.msg}, line {error.lineno}); expected {form}",
-                                 param_hint="--json") from None
+                                 param_hint="--problem") from None
     if not isinstance(data, dict) or set(data) != {"scores", "values"}:
-        raise typer.BadParameter(f"{path} must hold {form}", param_hint="--json")
+        raise typer.BadParameter(f"{path} must hold {form}", param_hint="--problem")
     matrices = []
     for key in ("scores", "values"):
         rows = data[key]
         if not (isinstance(rows, list) and all(isinstance(r, list) for r in rows)
                 and all(isinstance(x, (int, float)) and not isinstance(x, bool) for r in rows for x in r)):
-            raise typer.BadParameter(f'"{key}" in {path} must be a list of lists of numbers', param_hint="--json")
+            raise typer.BadParameter(f'"{key}" in {path} must be a list of lists of numbers', param_hint="--problem")
         if not np.isfinite(np.array([x for r in rows for x in r], dtype=float)).all():
-            raise typer.BadParameter(f'"{key}" in {path} must hold finite numbers', param_hint="--json")
+            raise typer.BadParameter(f'"{key}" in {path} must hold finite numbers', param_hint="--problem")
         matrices.append([[float(x) for x in r] for r in rows])
     return matrices[0], matrices[1]
 
@@ -195,10 +196,11 @@ def _parse_rows(text: str, n: int) -> list[int]:
     try:
         rows = [int(x) for x in text.split(",")]
     except ValueError:
-        raise typer.BadParameter(f"--rows must be comma-separated query row indices, got {text!r}") from None
+        raise typer.BadParameter(f"must be comma-separated query row indices, got {text!r}",
+                                 param_hint="--rows") from None
     outside = [r for r in rows if not 0 <= r < n]
     if outside:
-        raise typer.BadParameter(f"--rows must lie in [0, {n}), got {outside}")
+        raise typer.BadParameter(f"must lie in [0, {n}), got {outside}", param_hint="--rows")
     return rows
 
 
@@ -239,7 +241,8 @@ def _trace_random(n: int, n_kv: int, d: int, block_q: int, block_kv: int, causal
 def trace_command(
     scores: Optional[str] = typer.Option(None, "--scores", help='Scores per KV tile: "8,6;10,7" (tiles split by ";").'),
     values: Optional[str] = typer.Option(None, "--values", help='One value row per key: "1,2;3,4;5,6;7,8".'),
-    json_file: Optional[Path] = typer.Option(None, "--json", help='JSON file {"scores": [[...], ...], "values": [...]}.'),
+    json_file: Optional[Path] = typer.Option(None, "--problem", help='A JSON file {"scores": [[...], ...], '
+                                             '"values": [...]} (an input; --json is the output flag).'),
     n: Optional[int] = typer.Option(None, "--n", help="Random configuration: query rows (default 16)."),
     n_kv: Optional[int] = typer.Option(None, "--n-kv", help="Key rows (default: n)."),
     d: Optional[int] = typer.Option(None, "--d", help="Head dimension (default 4)."),
@@ -248,7 +251,7 @@ def trace_command(
     causal: Optional[bool] = typer.Option(None, "--causal/--no-causal", help="Causal masking (default off)."),
     causal_variant: Optional[str] = typer.Option(None, "--causal-variant", help=f"One of {CAUSAL_VARIANTS}."),
     rows: Optional[str] = typer.Option(None, "--rows", help='Query rows to show: "0,5" (default: 0).'),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Random seed (default 0)."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Random seed (default 0).", min=0),
     dtype: Optional[str] = typer.Option(None, "--dtype", help=f"Storage dtype, one of {sorted(STORAGE_DTYPES)}."),
     variant: str = typer.Option("fa2", "--variant", help=f"One of {sorted(FLASH_ALGORITHMS)}."),
 ) -> None:
@@ -256,7 +259,7 @@ def trace_command(
 
     With no arguments: the two-tile worked example (scores [8, 6] then [10, 7]).
 
-    --scores/--values or --json: your own scores and values for one query row.
+    --scores/--values or --problem: your own scores and values for one query row.
 
     --n, --d, --block-q, ...: a random problem, one table per chosen query row.
     """
@@ -267,7 +270,7 @@ def trace_command(
                       "--dtype": dtype}
     random_given = [name for name, value in random_options.items() if value is not None]
     if json_file is not None and (scores is not None or values is not None):
-        raise typer.BadParameter("give either --json or --scores/--values, not both", param_hint="--json")
+        raise typer.BadParameter("give either --problem or --scores/--values, not both", param_hint="--problem")
     if (scores is None) != (values is None):
         raise typer.BadParameter("--scores and --values go together", param_hint="--scores/--values")
     if causal_variant is not None and not causal:
@@ -275,27 +278,24 @@ def trace_command(
     if (json_file is not None or scores is not None) and random_given:
         raise typer.BadParameter(f"options of a random problem ({', '.join(random_given)}) do not combine with "
                                  "given scores", param_hint=random_given[0])
-    try:
-        if json_file is not None:
-            score_tiles, value_rows = _load_json(json_file)
-            _check_problem(score_tiles, value_rows, "--json")
-            typer.echo(_trace_scores(score_tiles, value_rows, variant))
-        elif scores is not None:
-            score_tiles = _parse_matrix(scores, "--scores", 'scores per KV tile, "8,6;10,7"')
-            value_rows = _parse_matrix(values, "--values", 'one row of numbers per key, "1,2;3,4;5,6;7,8"')
-            _check_problem(score_tiles, value_rows, "--scores/--values")
-            typer.echo(_trace_scores(score_tiles, value_rows, variant))
-        elif random_given:
-            size = 16 if n is None else n
-            typer.echo(_trace_random(
-                size, size if n_kv is None else n_kv, 4 if d is None else d, 4 if block_q is None else block_q,
-                2 if block_kv is None else block_kv, bool(causal), causal_variant or "upper_left", variant,
-                dtype or "float16", rows or "0", 0 if seed is None else seed,
-            ))
-        else:
-            typer.echo(_trace_scores([list(t) for t in EXAMPLE_SCORES], [list(r) for r in EXAMPLE_VALUES], variant))
-    except ValueError as error:  # from the simulator: bad sizes, dtype, causal variant
-        raise typer.BadParameter(str(error)) from None
+    if json_file is not None:
+        score_tiles, value_rows = _load_json(json_file)
+        _check_problem(score_tiles, value_rows, "--problem")
+        typer.echo(_trace_scores(score_tiles, value_rows, variant))
+    elif scores is not None:
+        score_tiles = _parse_matrix(scores, "--scores", 'scores per KV tile, "8,6;10,7"')
+        value_rows = _parse_matrix(values, "--values", 'one row of numbers per key, "1,2;3,4;5,6;7,8"')
+        _check_problem(score_tiles, value_rows, "--scores/--values")
+        typer.echo(_trace_scores(score_tiles, value_rows, variant))
+    elif random_given:
+        size = 16 if n is None else n
+        typer.echo(_trace_random(
+            size, size if n_kv is None else n_kv, 4 if d is None else d, 4 if block_q is None else block_q,
+            2 if block_kv is None else block_kv, bool(causal), causal_variant or "upper_left", variant,
+            dtype or "float16", rows or "0", 0 if seed is None else seed,
+        ))
+    else:
+        typer.echo(_trace_scores([list(t) for t in EXAMPLE_SCORES], [list(r) for r in EXAMPLE_VALUES], variant))
 
 
 # ---------------------------------------------------------------------------------------- verify
@@ -408,10 +408,16 @@ def exercise4_checks() -> list[Check]:
 
 
 def verify_command(
-    seed: int = typer.Option(0, "--seed", help="Random seed of the small causal problem."),
+    seed: int = typer.Option(0, "--seed", help="Random seed of the small causal problem.", min=0),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Check causal tiled attention: masked tiles agree with direct masked attention, a missing mask is caught."""
     checks = [*causal_checks(seed=seed), *exercise4_checks()]
+    if as_json:
+        print_json({"seed": seed, "checks": checks, "passed": sum(c.passed for c in checks)})
+        if not all(c.passed for c in checks):
+            raise typer.Exit(code=1)
+        return
     for check in checks:
         typer.echo(f"{'PASS' if check.passed else 'FAIL'}  {check.name}\n      {check.detail}")
     failed = sum(not check.passed for check in checks)
@@ -433,12 +439,13 @@ def scopes_command(
                                        help="Key rows (default kv_stages x B_c: no scope depends on it)."),
     kv_stages: int = typer.Option(2, "--kv-stages", help="K_j, V_j buffers in shared memory: 2 (the kernel's) or 1."),
     gpu: str = typer.Option(DEFAULT_GPU, "--gpu", help="GPU whose shared memory and register file bound the tiles."),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """What lives on chip: shared memory and registers per query tile, and the scopes of the statistics."""
-    try:
-        report = on_chip_scopes(n, d, block_q, block_kv, dtype, n_kv=n_kv, kv_stages=kv_stages, gpu=gpu)
-    except ValueError as error:
-        raise typer.BadParameter(str(error)) from None
+    report = on_chip_scopes(n, d, block_q, block_kv, dtype, n_kv=n_kv, kv_stages=kv_stages, gpu=gpu)
+    if as_json:
+        print_json(report)
+        return
 
     def occupancy(field: str, peak: str) -> tuple[list[str], list[list[str]]]:
         names = list(dict.fromkeys(name for tile in report.tiles for name in getattr(tile, field)))

@@ -276,6 +276,11 @@ def attribute(scenario: Scenario) -> Attribution:
     s = proposal.kernel_speedup
     segment_projected_ms = other_ms + attention_ms / s
     n, d = workload.prompt_tokens, model.head_dim
+    try:
+        flash_bytes = flash_traffic(n, d, dtype=model.dtype, causal=proposal.causal,
+                                    variant=proposal.variant).total_bytes
+    except ValueError as error:  # too many query tiles to sum: name the field that asked for them
+        raise ValueError(f"scenario field 'workload.prompt_tokens' is too large for the traffic model: {error}") from None
     return Attribution(
         scenario=scenario,
         ttft_ms=ttft_ms,
@@ -290,8 +295,7 @@ def attribute(scenario: Scenario) -> Attribution:
         kernel_applied_to_ttft_ms=ttft_ms / s,
         flop_share=attention_flop_share(n, model.params, model.layers, model.heads, d, proposal.causal),
         baseline_bytes=naive_traffic(n, d, model.dtype, causal=proposal.causal).total_bytes,
-        flash_bytes=flash_traffic(n, d, dtype=model.dtype, causal=proposal.causal,
-                                  variant=proposal.variant).total_bytes,
+        flash_bytes=flash_bytes,
     )
 
 

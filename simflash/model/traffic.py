@@ -1,7 +1,8 @@
 """Closed-form HBM traffic: exact integer bytes for any configuration, no simulation.
 
 These formulas are derived independently of the simulator's loops; the tests hold the two equal
-for every configuration. All loops here run over query tiles only, so N = 2^20 is instant.
+for every configuration. All loops here run over query tiles only, so N = 2^20 is instant; more than
+MAX_QUERY_TILES query tiles are refused rather than summed for minutes.
 """
 
 from __future__ import annotations
@@ -14,6 +15,17 @@ def _sizes(n: int, d: int, n_kv: int | None, heads: int) -> tuple[int, int, int,
     n_q = check_positive_int("n", n)
     n_kv = n_q if n_kv is None else check_positive_int("n_kv", n_kv)
     return n_q, n_kv, check_positive_int("d", d), check_positive_int("heads", heads)
+
+
+MAX_QUERY_TILES = 2**20  # about a second of summing; N = 2^27 at B_r = 128
+
+
+def check_query_tiles(n_q: int, block_q: int) -> None:
+    """Refuse a configuration whose closed form would sum over more than MAX_QUERY_TILES query tiles."""
+    tiles = -(-n_q // block_q)
+    if tiles > MAX_QUERY_TILES:
+        raise ValueError(f"n must make at most {MAX_QUERY_TILES:,} query tiles (N <= {MAX_QUERY_TILES * block_q:,} at "
+                         f"B_r = {block_q}: the closed form sums over query tiles), got {n_q:,} ({tiles:,} tiles)")
 
 
 def _diagonal_offset(n_q: int, n_kv: int, causal_variant: str) -> int:
@@ -66,6 +78,7 @@ def idealized_causal_naive_traffic(n: int, d: int, dtype: str = "float16", *, he
 
 def kv_rows_visited(n_q: int, n_kv: int, block_q: int, block_kv: int, causal: bool, causal_variant: str) -> list[int]:
     """For each query tile, the K (and V) rows it loads: whole KV tiles up to the causal skip bound."""
+    check_query_tiles(n_q, block_q)
     offset = _diagonal_offset(n_q, n_kv, causal_variant)
     rows = []
     for row_stop in range(block_q, n_q + block_q, block_q):
