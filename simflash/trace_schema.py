@@ -18,6 +18,7 @@ import attrs
 import numpy as np
 
 from simflash.config import STATE_DTYPE
+from simflash.schedule import TileSchedule
 from simflash.trace_step import TRACE_LEVELS, TileStep
 
 FORMAT_NAME = "simflash.trace"
@@ -127,19 +128,8 @@ class Geometry:
     """The tiling a trace's config describes: which indices and row ranges its steps may have."""
 
     heads: int
-    n_q: int
-    n_kv: int
     d: int
-    block_q: int
-    block_kv: int
-
-    @property
-    def n_q_tiles(self) -> int:
-        return -(-self.n_q // self.block_q)
-
-    @property
-    def n_kv_tiles(self) -> int:
-        return -(-self.n_kv // self.block_kv)
+    sched: TileSchedule
 
 
 def check_config(config: Any, path: Path, has_steps: bool) -> tuple[dict[str, Any], Geometry | None]:
@@ -158,7 +148,8 @@ def check_config(config: Any, path: Path, has_steps: bool) -> tuple[dict[str, An
         if config.get(name) is None:
             raise TraceFileError(f"{path}: config.{name} is missing; a trace with steps needs it to check their "
                                  f"indices and shapes (needs {GEOMETRY_FIELDS})")
-    return dict(config), Geometry(*(config[name] for name in GEOMETRY_FIELDS))
+    return dict(config), Geometry(config["heads"], config["d"], TileSchedule(
+        config["n_q"], config["n_kv"], config["block_q"], config["block_kv"]))
 
 
 def floats(values: Any, where: str, path: Path) -> np.ndarray:
@@ -212,18 +203,20 @@ def _check_against_config(path: Path, where: str, g: Geometry, head: int, i: int
 
     if head >= g.heads:
         raise refuse(f"head = {head} is outside the config's heads = {g.heads}")
-    if i >= g.n_q_tiles:
-        raise refuse(f"i = {i} is outside the config's {g.n_q_tiles} query tiles (n_q = {g.n_q}, "
-                     f"block_q = {g.block_q})")
-    if j >= g.n_kv_tiles:
-        raise refuse(f"j = {j} is outside the config's {g.n_kv_tiles} KV tiles (n_kv = {g.n_kv}, "
-                     f"block_kv = {g.block_kv})")
-    if row_start != i * g.block_q:
+    s = g.sched
+    if i >= s.n_q_tiles:
+        raise refuse(f"i = {i} is outside the config's {s.n_q_tiles} query tiles (n_q = {s.n_q}, "
+                     f"block_q = {s.block_q})")
+    if j >= s.n_kv_tiles:
+        raise refuse(f"j = {j} is outside the config's {s.n_kv_tiles} KV tiles (n_kv = {s.n_kv}, "
+                     f"block_kv = {s.block_kv})")
+    tile_rows = s.q_rows(i)
+    if row_start != tile_rows.start:
         raise refuse(f"row_start = {row_start} disagrees with the config: query tile i = {i} starts at row "
-                     f"i x block_q = {i * g.block_q}")
-    expected = min(g.block_q, g.n_q - row_start)
+                     f"i x block_q = {tile_rows.start}")
+    expected = tile_rows.stop - tile_rows.start
     if rows != expected:
         raise refuse(f"m holds {rows} rows; the config's query tile {i} has {expected} (rows {row_start} to "
-                     f"{row_start + expected - 1} of n_q = {g.n_q}, block_q = {g.block_q})")
+                     f"{row_start + expected - 1} of n_q = {s.n_q}, block_q = {s.block_q})")
     if a is not None and a.shape[1] != g.d:
         raise refuse(f"a has {a.shape[1]} columns; the config's d = {g.d}")
