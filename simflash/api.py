@@ -21,6 +21,7 @@ from simflash.config import (
     check_bool,
     check_causal_variant,
     check_positive_int,
+    check_window,
     gpu_spec,
     storage_dtype,
 )
@@ -54,6 +55,22 @@ class RunConfig:
     cache: str | None = None
     o_accum_dtype: str = "storage"  # FA-1: the running O in HBM in the storage dtype or in float32
     kv_stages: int = DEFAULT_KV_STAGES  # K_j, V_j buffers in shared memory (FA-2)
+    window: tuple[int, int] = attrs.field(default=(-1, -1), converter=check_window)  # (left, right) keys visible
+    kv_heads: int | None = None  # K/V heads, all batch elements (None: as many as query heads)
+    pack_gqa: bool = False  # a group's query heads packed into the rows of one tile
+
+    @property
+    def cta_heads(self) -> int:
+        """The heads a tiled run's CTAs and trace steps are indexed by: query heads, or packed groups."""
+        return self.kv_heads if self.pack_gqa and self.kv_heads is not None else self.heads
+
+    def tile_schedule(self) -> TileSchedule:
+        """The run's tiling (naive: one tile over the whole score matrix)."""
+        kv_heads = self.heads if self.kv_heads is None else self.kv_heads
+        return TileSchedule(self.n_q, self.n_kv, self.n_q if self.block_q is None else self.block_q,
+                            self.n_kv if self.block_kv is None else self.block_kv, causal=self.causal,
+                            causal_variant=self.causal_variant, window=self.window,
+                            pack=self.heads // kv_heads if self.pack_gqa else 1)
 
 
 @attrs.frozen(eq=False)
@@ -103,7 +120,11 @@ def _heads_layout(name: str, x: Any) -> np.ndarray:
 
 
 def prepare_inputs(q, k, v, dtype: str, scale: float | None, causal_variant: str):
-    """Check the inputs; return (Q, K, V) as (heads, n, d) in the storage dtype, and the scale."""
+    """Check the inputs; return (Q, K, V) as (heads, n, d) in the storage dtype, and the scale.
+
+    Grouped-query heads: q (..., H_q, n_q, d) with k, v (..., H_kv, n_kv, d), H_q a multiple of H_kv;
+    flattened, query head h reads K/V head h // (H_q / H_kv).
+    """
     store = storage_dtype(dtype)
     check_causal_variant(causal_variant)
     q, k, v = (_heads_layout(name, x) for name, x in (("q", q), ("k", k), ("v", v)))
@@ -111,8 +132,12 @@ def prepare_inputs(q, k, v, dtype: str, scale: float | None, causal_variant: str
         raise ValueError(f"k and v must have the same shape (..., n_kv, d), got {k.shape} and {v.shape}")
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q and k must have the same head dim d, got {q.shape[-1]} and {k.shape[-1]}")
-    if q.shape[:-2] != k.shape[:-2]:
-        raise ValueError(f"q and k must have equal leading (batch, head) dims, got {q.shape[:-2]} and {k.shape[:-2]}")
+    if q.ndim != k.ndim or q.shape[:-3] != k.shape[:-3]:
+        raise ValueError(f"q and k must have equal leading (batch) dims before the head dim, got shapes "
+                         f"{q.shape} and {k.shape}")
+    if q.ndim > 2 and q.shape[-3] % k.shape[-3]:
+        raise ValueError(f"q's heads (H_q = {q.shape[-3]}) must be a multiple of k's and v's heads "
+                         f"(H_kv = {k.shape[-3]}): each K/V head serves a group of H_q / H_kv query heads")
     stored = []
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not np.isfinite(x).all():
@@ -163,10 +188,26 @@ class _FlashSetup:
     q_shape: tuple[int, ...]
 
 
+def pack_heads(x: np.ndarray, group: int) -> np.ndarray:
+    """(heads, n, ...) -> (heads / group, n x group, ...): packed row r x group + h holds position r of the
+    group's query head h (FA-3's PackGQA: position-major, head-minor)."""
+    heads, n = x.shape[:2]
+    return x.reshape(heads // group, group, n, *x.shape[2:]).swapaxes(1, 2).reshape(heads // group, n * group,
+                                                                                      *x.shape[2:])
+
+
+def unpack_heads(x: np.ndarray, group: int) -> np.ndarray:
+    """The inverse of `pack_heads`."""
+    groups, rows = x.shape[:2]
+    return x.reshape(groups, rows // group, group, *x.shape[2:]).swapaxes(1, 2).reshape(groups * group,
+                                                                                        rows // group, *x.shape[2:])
+
+
 def _flash_setup(
     q, k, v, *, block_q, block_kv, causal, causal_variant, scale, dtype, variant,
     trace, trace_heads, trace_tiles, trace_budget, write_logsumexp, gpu, sram_bytes, record_events,
     schedule="sequential", cache=None, o_accum_dtype="storage", kv_stages=DEFAULT_KV_STAGES,
+    window=(-1, -1), pack_gqa=False,
 ) -> _FlashSetup:
     if variant not in FLASH_ALGORITHMS:
         raise ValueError(f"variant must be one of {sorted(FLASH_ALGORITHMS)}, got {variant!r}")
@@ -174,27 +215,32 @@ def _flash_setup(
     causal = check_bool("causal", causal)
     write_logsumexp = check_bool("write_logsumexp", write_logsumexp)
     record_events = check_bool("record_events", record_events)
+    pack_gqa = check_bool("pack_gqa", pack_gqa)
     Q, K, V, scale = prepare_inputs(q, k, v, dtype, scale, causal_variant)
     block_q = check_positive_int("block_q", block_q)
     block_kv = check_positive_int("block_kv", block_kv)
     kv_stages = check_kv_stages(kv_stages)
     heads, n_q, d = Q.shape
-    sched = TileSchedule(n_q, K.shape[1], block_q, block_kv, causal=bool(causal), causal_variant=causal_variant)
-    request = trace_request(trace, trace_heads, trace_tiles, sched, heads, d, trace_budget)
+    group = heads // K.shape[0]
+    config = RunConfig(variant, heads, n_q, K.shape[1], d, dtype, scale, causal, causal_variant,
+                       block_q, block_kv, write_logsumexp, gpu, None, schedule, cache, o_accum_dtype,
+                       kv_stages, window, K.shape[0] if group > 1 else None, pack_gqa)
+    sched = config.tile_schedule()
+    if pack_gqa:
+        Q = pack_heads(Q, group)
+    request = trace_request(trace, trace_heads, trace_tiles, sched, config.cta_heads, d, trace_budget)
     check_schedule(schedule)
-    tile_rows = min(block_q, n_q)  # a tile never exceeds the sequence
+    tile_rows = min(block_q, sched.n_rows)  # a tile never exceeds the sequence
     machine, capacity = _simulated_gpu(gpu, sram_bytes, record_events, cache, tile_rows)
     if FLASH_ALGORITHMS[variant].kernel_model:  # the kernel's allocation must fit before any CTA runs
         check_fits(cta_resources(tile_rows, min(block_kv, sched.n_kv), d, dtype, kv_stages), gpu_spec(gpu), capacity)
-    config = RunConfig(variant, heads, n_q, sched.n_kv, d, dtype, scale, bool(causal), causal_variant,
-                       block_q, block_kv, bool(write_logsumexp), gpu, capacity, schedule, cache, o_accum_dtype,
-                       kv_stages)
+    config = attrs.evolve(config, sram_bytes=capacity)
     machine.hbm.place("Q", Q, Q.dtype)
     machine.hbm.place("K", K, K.dtype)
     machine.hbm.place("V", V, V.dtype)
     machine.hbm.allocate("O", Q.shape, Q.dtype)
     if write_logsumexp:
-        machine.hbm.allocate("L", (heads, n_q), STATE_DTYPE)
+        machine.hbm.allocate("L", Q.shape[:2], STATE_DTYPE)
     return _FlashSetup(machine, sched, request, config, np.shape(q))
 
 
@@ -225,9 +271,9 @@ def run_tiled(
     algorithm = FLASH_ALGORITHMS[variant]
     check_o_accum_dtype(variant, o_accum_dtype)
     request = TraceRequest("none") if trace is None else trace
-    heads, n_q = machine.hbm.shape("Q")[:2]
+    heads, n_rows = machine.hbm.shape("Q")[:2]
     for name in algorithm.row_state:
-        machine.hbm.allocate(name, (heads, n_q), STATE_DTYPE)
+        machine.hbm.allocate(name, (heads, n_rows), STATE_DTYPE)
     options: dict[str, Any] = {"write_logsumexp": write_logsumexp}
     if algorithm.kernel_model:
         options["kv_stages"] = kv_stages
@@ -239,7 +285,7 @@ def run_tiled(
         cta_gpu = machine.for_cta(cta.index)
         return _attributed(cta_gpu, cta.index, algorithm.cta(cta_gpu, sched, scale, request, cta, **options))
 
-    ctas = algorithm.grid(sched, heads, longest_first=longest_first)
+    ctas = algorithm.grid(sched, heads, longest_first=longest_first, group=heads // machine.hbm.shape("K")[0])
     with machine.hbm.kernel(algorithm.kernel):
         yield from run_bodies({cta: (lambda cta=cta: body(cta)) for cta in ctas}, slots)
 
@@ -247,7 +293,8 @@ def run_tiled(
 def _trace_config(config: RunConfig) -> dict[str, Any]:
     """A run's config as its trace records it: schedule and cache only where they are not the defaults,
     so the traces of sequential runs without an L2 read as they always have."""
-    defaults = {"schedule": "sequential", "cache": None, "o_accum_dtype": "storage", "kv_stages": DEFAULT_KV_STAGES}
+    defaults = {"schedule": "sequential", "cache": None, "o_accum_dtype": "storage", "kv_stages": DEFAULT_KV_STAGES,
+                "window": (-1, -1), "kv_heads": None, "pack_gqa": False}
     return {k: v for k, v in attrs.asdict(config).items() if k not in defaults or v != defaults[k]}
 
 
@@ -264,14 +311,19 @@ def _flash_steps(setup: _FlashSetup) -> Generator[TileStep, None, Run]:
                          longest_first=concurrent and profile.longest_first, o_accum_dtype=config.o_accum_dtype,
                          kv_stages=config.kv_stages)
     output = FLASH_ALGORITHMS[config.algorithm].output(config.o_accum_dtype)
+    group = config.heads // machine.hbm.shape("K")[0]
+
+    def unpacked(x: np.ndarray) -> np.ndarray:
+        return unpack_heads(x, group) if config.pack_gqa else x
+
     return Run(
-        out=machine.hbm.inspect(output).reshape(setup.q_shape),
+        out=unpacked(machine.hbm.inspect(output)).reshape(setup.q_shape),
         traffic=machine.hbm.traffic(),
         flops=machine.compute.flops,
         trace=Trace(setup.request.level, (), _trace_config(config)),
         config=config,
         on_chip=machine.on_chip_statistics(),
-        logsumexp=machine.hbm.inspect("L").reshape(setup.q_shape[:-1]) if config.write_logsumexp else None,
+        logsumexp=unpacked(machine.hbm.inspect("L")).reshape(setup.q_shape[:-1]) if config.write_logsumexp else None,
         events=tuple(machine.log.events) if machine.log is not None else (),
         flops_by_kind=machine.compute.flops_by_kind(),
         physical=machine.hbm.l2.traffic() if machine.hbm.l2 is not None else None,
@@ -299,9 +351,19 @@ def flash_attention(
     trace_tiles: Iterable[int] | None = None, write_logsumexp: bool = False,
     gpu: str = DEFAULT_GPU, sram_bytes: int | None = None, record_events: bool = False,
     schedule: str = "sequential", cache: str | None = None, o_accum_dtype: str = "storage",
-    kv_stages: int = DEFAULT_KV_STAGES,
+    kv_stages: int = DEFAULT_KV_STAGES, window: tuple[int, int] = (-1, -1), pack_gqa: bool = False,
 ) -> Run:
     """Tiled attention on the simulated GPU. q: (..., n_q, d); k, v: (..., n_kv, d).
+
+    Heads: q (..., H_q, n_q, d) may share K/V heads, k and v (..., H_kv, n_kv, d) with H_q a multiple of
+    H_kv (grouped-query or multi-query attention): query head h reads K/V head h // (H_q / H_kv).
+    pack_gqa=False runs one CTA per query head and query tile, each reading its group's K/V tiles;
+    pack_gqa=True packs the H_q / H_kv query heads of a group into the rows of one tile (packed row
+    r x group + h is position r of the group's head h; FA-3's PackGQA), so each K/V tile is read once
+    per tile of packed rows. A packed row keeps its position r for the causal and window bounds.
+    window=(left, right): query r sees key c iff r + off - left <= c <= r + off + right (-1: unbounded
+    on that side; off = 0 upper_left, n_kv - n_q lower_right); causal=True is right = 0. KV tiles wholly
+    outside are never loaded, tiles the window's edge cuts are masked.
 
     trace: "none", "stats" (m, alpha, l per tile) or "full" (plus the accumulator a). By default
     every head and query tile is recorded; a trace that would outgrow 64 MiB is refused rather than
@@ -324,7 +386,8 @@ def flash_attention(
         scale=scale, dtype=dtype, variant=variant, trace=trace, trace_heads=trace_heads,
         trace_tiles=trace_tiles, trace_budget=DEFAULT_TRACE_BUDGET_BYTES,
         write_logsumexp=write_logsumexp, gpu=gpu, sram_bytes=sram_bytes, record_events=record_events,
-        schedule=schedule, cache=cache, o_accum_dtype=o_accum_dtype, kv_stages=kv_stages,
+        schedule=schedule, cache=cache, o_accum_dtype=o_accum_dtype, kv_stages=kv_stages, window=window,
+        pack_gqa=pack_gqa,
     )
     steps, run = _exhaust(_flash_steps(setup))
     return attrs.evolve(run, trace=attrs.evolve(run.trace, steps=tuple(steps)))
@@ -335,6 +398,7 @@ def flash_attention_steps(
     causal_variant: str = "upper_left", scale: float | None = None, dtype: str = "float16",
     variant: str = "fa2", *, trace_heads: Iterable[int] | None = None,
     trace_tiles: Iterable[int] | None = None, gpu: str = DEFAULT_GPU, sram_bytes: int | None = None,
+    window: tuple[int, int] = (-1, -1), pack_gqa: bool = False,
 ) -> Generator[TileStep, None, Run]:
     """Yield one full TileStep (m, alpha, l, a) per visited tile, live, as the algorithm runs.
 
@@ -346,7 +410,7 @@ def flash_attention_steps(
         q, k, v, block_q=block_q, block_kv=block_kv, causal=causal, causal_variant=causal_variant,
         scale=scale, dtype=dtype, variant=variant, trace="full", trace_heads=trace_heads,
         trace_tiles=trace_tiles, trace_budget=math.inf, write_logsumexp=False, gpu=gpu, sram_bytes=sram_bytes,
-        record_events=False,
+        record_events=False, window=window, pack_gqa=pack_gqa,
     )
     return _flash_steps(setup)
 
@@ -364,8 +428,12 @@ def naive_attention(
     q, k, v, causal: bool = False, causal_variant: str = "upper_left",
     scale: float | None = None, dtype: str = "float16", *, record_events: bool = False,
     schedule: str = "sequential", cache: str | None = None, gpu: str = DEFAULT_GPU,
+    window: tuple[int, int] = (-1, -1),
 ) -> Run:
     """The explicit three-kernel baseline on the simulated GPU: S and P materialised in HBM.
+
+    Heads and window as in `flash_attention` (each query head's GEMMs read its group's K and V; S and
+    P hold only the entries a row may see).
 
     cache: "cold" (the L2 flushed before every kernel) or "warm" (once, before the first: the three
     kernels share it) reports `run.physical`. Each kernel's CTAs (one per head) stream in head order
@@ -377,7 +445,10 @@ def naive_attention(
     check_schedule(schedule)
     heads, n_q, d = Q.shape
     n_kv = K.shape[1]
-    sched = TileSchedule(n_q, n_kv, n_q, n_kv, causal=bool(causal), causal_variant=causal_variant)
+    config = RunConfig("naive", heads, n_q, n_kv, d, dtype, scale, causal, causal_variant, gpu=gpu,
+                       schedule=schedule, cache=cache, window=window,
+                       kv_heads=K.shape[0] if K.shape[0] != heads else None)
+    sched = config.tile_schedule()
     machine, _ = _simulated_gpu(gpu, None, record_events, cache)  # naive holds no tiles we model
     hbm = machine.hbm
     hbm.place("Q", Q, Q.dtype)
@@ -399,8 +470,6 @@ def naive_attention(
                 pass
         if kernel == NAIVE_KERNELS[0]:
             overflow = int(np.isinf(hbm.inspect("S").astype(STATE_DTYPE)).sum())
-    config = RunConfig("naive", heads, n_q, n_kv, d, dtype, scale, bool(causal), causal_variant, gpu=gpu,
-                       schedule=schedule, cache=cache)
     return Run(
         out=hbm.inspect("O").reshape(np.shape(q)),
         traffic=hbm.traffic(),

@@ -47,6 +47,14 @@ def check_causal_variant(name: str) -> str:
     return name
 
 
+def check_window(window: object) -> tuple[int, int]:
+    """A sliding window (left, right): two integers >= -1, -1 meaning unbounded on that side."""
+    if (not isinstance(window, (tuple, list)) or len(window) != 2
+            or any(isinstance(w, bool) or not isinstance(w, (int, np.integer)) or w < -1 for w in window)):
+        raise ValueError(f"window must be (left, right), two integers >= -1 (-1: unbounded on that side), got {window!r}")
+    return int(window[0]), int(window[1])
+
+
 def check_bool(name: str, value: object) -> bool:
     """A boolean option: True or False (NumPy's bool too), never a string or a number that reads as one."""
     if not isinstance(value, (bool, np.bool_)):

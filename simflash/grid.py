@@ -69,6 +69,12 @@ class CTAProgram:
     epilogue: tuple[Access, ...] = ()
 
 
+def kv_head(h: int, group: int) -> int:
+    """The K/V head that query head h (or packed group h) reads: h // group, with group = query heads per
+    K/V head (PyTorch's enable_gqa grouping; 1 for multi-head attention and for packed groups)."""
+    return h // group
+
+
 def block_key(tensor: str, head: int, rows: slice) -> BlockKey:
     return (tensor, head, rows.start)
 

@@ -8,7 +8,7 @@ import attrs
 import ml_dtypes
 import numpy as np
 
-from simflash.config import check_causal_variant, storage_dtype
+from simflash.config import check_causal_variant, check_window, storage_dtype
 
 # Largest relative error ||out - ref|| / ||ref|| accepted per storage dtype (inputs already rounded).
 RELATIVE_TOLERANCE = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 1e-5}
@@ -19,25 +19,36 @@ def upcast(x, dtype: str) -> np.ndarray:
     return np.asarray(x).astype(storage_dtype(dtype)).astype(np.float64)
 
 
-def reference_mask(n_q: int, n_kv: int, causal: bool = False, causal_variant: str = "upper_left") -> np.ndarray:
+def reference_mask(n_q: int, n_kv: int, causal: bool = False, causal_variant: str = "upper_left",
+                   window: tuple[int, int] = (-1, -1)) -> np.ndarray:
     """Boolean (n_q, n_kv), True where query row r may see key column c, from the definition alone
-    (independent of `TileSchedule`, which is checked against it): c <= r + offset, with offset 0 when
-    the mask is aligned to the top-left corner and n_kv - n_q when aligned to the bottom-right."""
-    if not causal:
-        return np.ones((n_q, n_kv), dtype=bool)
+    (independent of `TileSchedule`, which is checked against it): r + off - left <= c <= r + off + right,
+    with off 0 when the mask is aligned to the top-left corner and n_kv - n_q when aligned to the
+    bottom-right; causal means right = 0, and -1 leaves a side unbounded."""
     check_causal_variant(causal_variant)
+    left, right = check_window(window)
+    right = 0 if causal else right
     offset = 0 if causal_variant == "upper_left" else n_kv - n_q
-    return np.tri(n_q, n_kv, k=offset, dtype=bool)
+    visible = np.ones((n_q, n_kv), dtype=bool)
+    if right >= 0:
+        visible &= np.tri(n_q, n_kv, k=offset + right, dtype=bool)  # c <= r + off + right
+    if left >= 0:
+        visible &= ~np.tri(n_q, n_kv, k=offset - left - 1, dtype=bool)  # not c <= r + off - left - 1
+    return visible
 
 
 def reference_attention(q, k, v, causal: bool = False, causal_variant: str = "upper_left",
-                        scale: float | None = None, dtype: str = "float16") -> np.ndarray:
-    """Direct masked softmax attention in float64 on the storage-rounded inputs."""
+                        scale: float | None = None, dtype: str = "float16",
+                        window: tuple[int, int] = (-1, -1)) -> np.ndarray:
+    """Direct masked softmax attention in float64 on the storage-rounded inputs. k, v may have fewer
+    heads than q (grouped-query): each is repeated over its group of H_q / H_kv query heads."""
     q, k, v = (upcast(x, dtype) for x in (q, k, v))
+    if q.ndim > 2 and k.shape[-3] != q.shape[-3]:
+        k, v = (np.repeat(x, q.shape[-3] // x.shape[-3], axis=-3) for x in (k, v))
     n_q, n_kv, d = q.shape[-2], k.shape[-2], q.shape[-1]
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     S = q @ k.swapaxes(-1, -2) * scale  # (..., n_q, n_kv)
-    visible = reference_mask(n_q, n_kv, causal, causal_variant)
+    visible = reference_mask(n_q, n_kv, causal, causal_variant, window)
     S = np.where(visible, S, -np.inf)
     m = S.max(axis=-1, keepdims=True)
     E = np.exp(S - np.where(np.isneginf(m), 0.0, m))

@@ -36,7 +36,8 @@ CONFIG_TYPES = {
     "d": "positive int", "dtype": "str", "scale": "finite number", "causal": "bool", "causal_variant": "str",
     "block_q": "positive int or null", "block_kv": "positive int or null", "write_logsumexp": "bool",
     "gpu": "str or null", "sram_bytes": "positive int or null", "schedule": "str", "cache": "str or null",
-    "o_accum_dtype": "str", "kv_stages": "positive int",
+    "o_accum_dtype": "str", "kv_stages": "positive int", "window": "window", "kv_heads": "positive int or null",
+    "pack_gqa": "bool",
 }
 # What a trace with steps needs in its config to check them: tile indices, row ranges, d.
 GEOMETRY_FIELDS = ("heads", "n_q", "n_kv", "d", "block_q", "block_kv")
@@ -116,6 +117,9 @@ def _fits(kind: str, value: Any) -> bool:
         return isinstance(value, str)
     if kind == "bool":
         return isinstance(value, bool)
+    if kind == "window":  # (left, right), each an integer >= -1
+        return (isinstance(value, (list, tuple)) and len(value) == 2
+                and all(isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in value))
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False
     if kind == "positive int":
@@ -148,8 +152,14 @@ def check_config(config: Any, path: Path, has_steps: bool) -> tuple[dict[str, An
         if config.get(name) is None:
             raise TraceFileError(f"{path}: config.{name} is missing; a trace with steps needs it to check their "
                                  f"indices and shapes (needs {GEOMETRY_FIELDS})")
-    return dict(config), Geometry(config["heads"], config["d"], TileSchedule(
-        config["n_q"], config["n_kv"], config["block_q"], config["block_kv"]))
+    kv_heads = config.get("kv_heads") or config["heads"]
+    if config["heads"] % kv_heads:
+        raise TraceFileError(f"{path}: config.heads ({config['heads']}) must be a multiple of config.kv_heads "
+                             f"({kv_heads})")
+    pack = config["heads"] // kv_heads if config.get("pack_gqa") else 1
+    # the bounds do not change which indices and rows a step may have; the packing does
+    sched = TileSchedule(config["n_q"], config["n_kv"], config["block_q"], config["block_kv"], pack=pack)
+    return dict(config), Geometry(kv_heads if pack > 1 else config["heads"], config["d"], sched)
 
 
 def floats(values: Any, where: str, path: Path) -> np.ndarray:

@@ -26,7 +26,6 @@ from typing import Any
 import attrs
 import numpy as np
 
-from simflash.schedule import TileSchedule
 from simflash.trace import Trace
 
 # A page steps through at most this many tiles; larger runs are refused (CLI) or not rendered (Jupyter).
@@ -50,19 +49,12 @@ def _run_config(source) -> Any:
     return RunConfig(**{k: v for k, v in source.config.items() if k in known})
 
 
-def _schedule(config) -> TileSchedule:
-    block_q = config.block_q if config.block_q is not None else config.n_q  # naive: one tile
-    block_kv = config.block_kv if config.block_kv is not None else config.n_kv
-    return TileSchedule(config.n_q, config.n_kv, block_q, block_kv, causal=config.causal,
-                        causal_variant=config.causal_variant)
-
-
 def position_count(config) -> int:
     """Tiles the cursor steps through (every visited tile of every head), before the final "end"."""
     if config.algorithm == "naive":
         return 0
-    sched = _schedule(config)
-    return config.heads * sum(len(sched.kv_range(i)) for i in range(sched.n_q_tiles))
+    sched = config.tile_schedule()
+    return config.cta_heads * sum(len(sched.kv_range(i)) for i in range(sched.n_q_tiles))
 
 
 def _ledger(traffic, physical) -> dict[str, list[int]]:
@@ -83,11 +75,12 @@ def _replay(config) -> tuple[list[tuple[int, int, int, bool]], list[dict[str, li
     from simflash import api
 
     heads, n_q, n_kv, d = config.heads, config.n_q, config.n_kv, config.d
+    kv_heads = heads if config.kv_heads is None else config.kv_heads
     rng = np.random.default_rng(0)
-    q, kv = rng.standard_normal((heads, n_q, d)), rng.standard_normal((heads, n_kv, d))
+    q, kv = rng.standard_normal((heads, n_q, d)), rng.standard_normal((kv_heads, n_kv, d))
     if config.algorithm == "naive":
         run = api.naive_attention(q, kv, kv, config.causal, config.causal_variant, config.scale, config.dtype,
-                                  schedule=config.schedule, cache=config.cache, gpu=config.gpu)
+                                  schedule=config.schedule, cache=config.cache, gpu=config.gpu, window=config.window)
         return [], [_ledger(run.traffic, run.physical)]
     setup = api._flash_setup(
         q, kv, kv, block_q=config.block_q, block_kv=config.block_kv, causal=config.causal,
@@ -95,6 +88,7 @@ def _replay(config) -> tuple[list[tuple[int, int, int, bool]], list[dict[str, li
         trace="stats", trace_heads=None, trace_tiles=None, trace_budget=math.inf,
         write_logsumexp=config.write_logsumexp, gpu=config.gpu, sram_bytes=config.sram_bytes, record_events=False,
         schedule=config.schedule, cache=config.cache, o_accum_dtype=config.o_accum_dtype, kv_stages=config.kv_stages,
+        window=config.window, pack_gqa=config.pack_gqa,
     )
     hbm = setup.machine.hbm
     steps = api._flash_steps(setup)
@@ -136,7 +130,7 @@ def page_data(source) -> dict[str, Any]:
         raise ValueError(f"the run visits {count:,} tiles; the viewer steps through at most {MAX_POSITIONS:,}: "
                          "view a smaller configuration (fewer heads, shorter sequences or larger tiles)")
     trace = source.trace if isinstance(source, Run) else source
-    sched = _schedule(config)
+    sched = config.tile_schedule()
     tiles, ledgers = _replay(config)
     recorded = {(step.head, step.i, step.j): step for step in trace}
     tensors = sorted({name for ledger in ledgers for name in ledger}, key=_tensor_order)

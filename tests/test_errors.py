@@ -27,7 +27,20 @@ class TestBadInputs:
     def test_leading_dims_mismatch(self, attention, qkv):
         q, k, v = qkv
         with pytest.raises(ValueError, match="leading"):
-            attention(q[:1], k, v)
+            attention(q[None], np.stack([k, k]), np.stack([v, v]))  # batch 1 against batch 2
+
+    def test_query_heads_not_a_multiple_of_kv_heads(self, attention, qkv):
+        q, k, v = qkv  # 2 heads each
+        with pytest.raises(ValueError, match=r"q's heads \(H_q = 3\) must be a multiple of k's and v's heads \(H_kv = 2\)"):
+            attention(np.concatenate([q, q[:1]]), k, v)
+
+    def test_window_values_below_minus_one(self, attention, qkv):
+        with pytest.raises(ValueError, match=r"window must be \(left, right\), two integers >= -1"):
+            attention(*qkv, window=(-2, 0))
+
+    def test_causal_with_a_right_window(self, attention, qkv):
+        with pytest.raises(ValueError, match="window's right bound must be 0 or -1 with causal=True"):
+            attention(*qkv, causal=True, window=(4, 3))
 
     def test_too_few_dimensions(self, attention, qkv):
         q, k, v = qkv

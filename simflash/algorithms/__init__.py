@@ -14,7 +14,7 @@ from simflash.algorithms import flash1, flash2
 @attrs.frozen
 class TiledAlgorithm:
     kernel: str  # the ledger's kernel name
-    grid: Callable  # (sched, heads, longest_first) -> [CTA] in launch order
+    grid: Callable  # (sched, heads, longest_first, group) -> [CTA] in launch order
     cta: Callable  # (gpu, sched, scale, trace, cta, write_logsumexp) -> iterator of TileStep | None
     program: Callable | None = None  # (sched, cta, d, itemsize, write_logsumexp) -> CTAProgram
     row_state: tuple[str, ...] = ()  # float32 per-row statistics the algorithm keeps in HBM

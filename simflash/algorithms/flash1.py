@@ -32,8 +32,9 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from simflash.algorithms.online_softmax import exp_minus, masked_scores
 from simflash.config import STATE_DTYPE
-from simflash.grid import CTA
+from simflash.grid import CTA, kv_head
 from simflash.memory import HBM, SimulatedGPU
 from simflash.schedule import TileSchedule
 from simflash.trace import TileStep, TraceRequest
@@ -43,10 +44,10 @@ O_ACCUM_DTYPES = ("storage", "float32")  # what the running O is kept in between
 INIT = " (init)"  # ledger suffix: the initialisation and its first read, which the released kernel skips
 
 
-def flash1_grid(sched: TileSchedule, heads: int, longest_first: bool = False) -> list[CTA]:
-    """One CTA per head; its steps are the (j, i) pairs it visits."""
-    pairs = sum(1 for j in range(sched.n_kv_tiles) for i in range(sched.n_q_tiles) if sched.tile_kind(i, j) != "skipped")
-    return [CTA((h,), pairs, (h,)) for h in range(heads)]
+def flash1_grid(sched: TileSchedule, heads: int, longest_first: bool = False, group: int = 1) -> list[CTA]:
+    """One CTA per head; its steps are the (j, i) pairs it visits. The heads of a K/V group form a cohort."""
+    pairs = sum(len(sched.kv_range(i)) for i in range(sched.n_q_tiles))
+    return [CTA((h,), pairs, (kv_head(h, group),)) for h in range(heads)]
 
 
 def flash1_output(o_accum_dtype: str) -> str:
@@ -77,6 +78,7 @@ def flash1_cta(
     """The work of one CTA: all of head h, KV tiles outer. Yields after every (j, i) pair."""
     hbm, sram, compute = gpu.hbm, gpu.sram, gpu.compute
     (h,) = cta.index
+    h_kv = kv_head(h, hbm.shape("Q")[0] // hbm.shape("K")[0])
     d = hbm.shape("Q")[-1]
     storage = hbm.inspect("Q").dtype  # P~_ij enters the second matmul in the storage dtype
     first_j = {i: sched.kv_tiles(i)[0] for i in range(sched.n_q_tiles) if sched.kv_tiles(i)}
@@ -92,10 +94,10 @@ def flash1_cta(
     for j in range(sched.n_kv_tiles):  # line 5
         q_tiles = [i for i in range(sched.n_q_tiles) if sched.tile_kind(i, j) != "skipped"]
         if not q_tiles:
-            continue  # every key of this tile is in every query row's future: never loaded
+            continue  # no query row sees a key of this tile (causal future, outside the window): never loaded
         cols = sched.kv_cols(j)
-        K_j = sram.load("K_j", hbm, "K", (h, cols))  # (B_c, d)  line 6
-        V_j = sram.load("V_j", hbm, "V", (h, cols))  # (B_c, d)
+        K_j = sram.load("K_j", hbm, "K", (h_kv, cols))  # (B_c, d)  line 6
+        V_j = sram.load("V_j", hbm, "V", (h_kv, cols))  # (B_c, d)
 
         for i in q_tiles:  # line 7
             rows = sched.q_rows(i)
@@ -107,23 +109,18 @@ def flash1_cta(
             m_i = sram.load("m_i", hbm, "m" + state, (h, rows))  # (B_r,)
             sram.alloc("S_ij", (B_r, cols.stop - cols.start), storage)
 
-            # -- S_ij = tau Q_i K_j^T (line 9); mask future keys before the statistics see them
-            S_ij = compute.matmul(Q_i, K_j.T) * scale  # (B_r, B_c)
-            masked = sched.tile_kind(i, j) == "masked"
-            if masked:
-                S_ij = np.where(sched.mask(i, j), S_ij, -np.inf)
+            # -- S_ij = tau Q_i K_j^T (line 9); mask the keys a row may not see before the statistics see them
+            S_ij, masked = masked_scores(compute, Q_i, K_j, scale, sched, i, j)  # (B_r, B_c)
 
-            # -- tile-local statistics (line 10). A row with no visible key in this tile has
-            #    m~ = -inf: exponentiate against 0 so exp(-inf) = 0, not NaN.
+            # -- tile-local statistics (line 10); a row with no visible key in this tile has m~ = -inf
             m_tile = S_ij.max(axis=1)  # (B_r,) m~_ij
-            P_tile = np.exp(S_ij - np.where(m_tile == -np.inf, 0.0, m_tile)[:, None])  # (B_r, B_c) P~_ij
+            P_tile = exp_minus(S_ij, m_tile)  # (B_r, B_c) P~_ij
             l_tile = P_tile.sum(axis=1)  # (B_r,) l~_ij
 
-            # -- m_new, l_new and the two rescale factors (line 11); same -inf guard
+            # -- m_new, l_new and the two rescale factors (line 11)
             m_new = np.maximum(m_i, m_tile)  # (B_r,)
-            m_base = np.where(m_new == -np.inf, 0.0, m_new)  # (B_r,)
-            alpha = np.exp(m_i - m_base)  # (B_r,) e^(m_i - m_new): moves the old state onto m_new
-            beta = np.exp(m_tile - m_base)  # (B_r,) e^(m~_ij - m_new): moves this tile onto m_new
+            alpha = exp_minus(m_i, m_new)  # (B_r,) e^(m_i - m_new): moves the old state onto m_new
+            beta = exp_minus(m_tile, m_new)  # (B_r,) e^(m~_ij - m_new): moves this tile onto m_new
             l_scaled = l_i * alpha  # (B_r,) diag(l_i) e^(m_i - m_new)
             l_new = l_scaled + beta * l_tile  # (B_r,)
 

@@ -1,9 +1,10 @@
 """FlashAttention-2 forward (Dao 2023, Algorithm 1).
 
 Query tiles outer (one CTA each, "for each i, in parallel"), KV tiles inner. The accumulator a_i
-stays unnormalised; the one division happens after the last KV tile. Causal: KV tiles past the skip
-bound are never loaded; tiles that straddle the diagonal are masked before the running max and sum
-see their scores.
+stays unnormalised; the one division happens after the last KV tile. Causal or windowed: KV tiles
+outside the skip bounds are never loaded; tiles the diagonal or the window's edge cuts are masked
+before the running max and sum see their scores. Grouped-query heads: a CTA reads the K/V head of
+its query head's group (or, packed, of the group whose rows its tile holds).
 
 `flash2_cta` is the work of one CTA; the grid runner (simflash.grid) decides which CTAs run when.
 `flash2_program` lists the same CTA's transfers without values, for traffic-only runs.
@@ -16,8 +17,9 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from simflash.algorithms.online_softmax import exp_minus, masked_scores
 from simflash.config import STATE_DTYPE
-from simflash.grid import CTA, Access, CTAProgram, block_key
+from simflash.grid import CTA, Access, CTAProgram, block_key, kv_head
 from simflash.memory import SimulatedGPU
 from simflash.onchip import DEFAULT_KV_STAGES
 from simflash.schedule import TileSchedule
@@ -26,15 +28,16 @@ from simflash.trace import TileStep, TraceRequest
 KERNEL = "flash2_forward"
 
 
-def flash2_grid(sched: TileSchedule, heads: int, longest_first: bool = False) -> list[CTA]:
+def flash2_grid(sched: TileSchedule, heads: int, longest_first: bool = False, group: int = 1) -> list[CTA]:
     """One CTA per (head, query tile), query tiles fastest. longest_first: blockIdx.x = T_r - 1 - i,
-    as the GPU backend launches them (the longest causal rows start first)."""
+    as the GPU backend launches them (the longest causal rows start first). group: query heads per
+    K/V head; CTAs that read the same K/V head from the same first tile form a cohort."""
     tiles = range(sched.n_q_tiles - 1, -1, -1) if longest_first else range(sched.n_q_tiles)
     ctas = []
     for h in range(heads):
         for i in tiles:
             kv = sched.kv_range(i)
-            ctas.append(CTA((h, i), len(kv), (h, kv.start)))
+            ctas.append(CTA((h, i), len(kv), (kv_head(h, group), kv.start)))
     return ctas
 
 
@@ -54,12 +57,13 @@ def flash2_cta(
     """
     hbm, sram, compute = gpu.hbm, gpu.sram, gpu.compute
     h, i = cta.index
+    h_kv = kv_head(h, hbm.shape("Q")[0] // hbm.shape("K")[0])
     d = hbm.shape("Q")[-1]
     storage = hbm.inspect("Q").dtype  # P_ij enters the second matmul in the storage dtype
     rows = sched.q_rows(i)
     B_r = rows.stop - rows.start
     recording = trace.records(h, i)
-    kv_tiles = sched.kv_tiles(i)  # causal: stops at the skip bound
+    kv_tiles = sched.kv_tiles(i)  # causal, windowed: within the skip bounds
     if not kv_tiles:
         # -- nothing to visit (every row's keys lie past the tile): exit without loading Q_i;
         # each row saw no key, so O_i = 0 and L_i = +inf (a backward's exp(S - L) is then 0, not NaN)
@@ -77,22 +81,17 @@ def flash2_cta(
         K_buf, V_buf = f"K_j[{t % kv_stages}]", f"V_j[{t % kv_stages}]"  # the stage buffers tile j fills
         if t >= kv_stages:
             sram.free(K_buf, V_buf)  # every warp is done with tile j - kv_stages: refill its buffers
-        K_j = sram.load(K_buf, hbm, "K", (h, cols))  # (B_c, d)
-        V_j = sram.load(V_buf, hbm, "V", (h, cols))  # (B_c, d)
+        K_j = sram.load(K_buf, hbm, "K", (h_kv, cols))  # (B_c, d)
+        V_j = sram.load(V_buf, hbm, "V", (h_kv, cols))  # (B_c, d)
         sram.registers.hold("S_ij", B_r * (cols.stop - cols.start) * STATE_DTYPE.itemsize)  # P_ij reuses it
 
-        # -- scores; mask future keys before the statistics see them
-        S_ij = compute.matmul(Q_i, K_j.T) * scale  # (B_r, B_c)
-        masked = sched.tile_kind(i, j) == "masked"
-        if masked:
-            S_ij = np.where(sched.mask(i, j), S_ij, -np.inf)
+        # -- scores; mask the keys a row may not see before the statistics see them
+        S_ij, masked = masked_scores(compute, Q_i, K_j, scale, sched, i, j)  # (B_r, B_c)
 
         # -- update m_i and l_i
         m_new = np.maximum(m_i, S_ij.max(axis=1))  # (B_r,)
-        # A row with no visible key yet keeps m = -inf: use base 0 so exp(-inf) = 0, not NaN.
-        m_base = np.where(m_new == -np.inf, 0.0, m_new)  # (B_r,)
-        alpha = np.exp(m_i - m_base)  # (B_r,) moves the old state onto the new max
-        P_ij = np.exp(S_ij - m_base[:, None])  # (B_r, B_c)
+        alpha = exp_minus(m_i, m_new)  # (B_r,) moves the old state onto the new max
+        P_ij = exp_minus(S_ij, m_new)  # (B_r, B_c)
         l_i = alpha * l_i + P_ij.sum(axis=1)  # (B_r,)
         compute.elementwise(exp=P_ij.size + B_r, fp32=5 * P_ij.size + B_r * d)
 
@@ -117,12 +116,13 @@ def flash2_cta(
     sram.free("Q_i", *(f"{name}[{s}]" for s in range(stages) for name in ("K_j", "V_j")), "m_i", "l_i", "a_i")
 
 
-def flash2_program(sched: TileSchedule, cta: CTA, d: int, itemsize: int, write_logsumexp: bool = False) -> CTAProgram:
+def flash2_program(sched: TileSchedule, cta: CTA, d: int, itemsize: int, write_logsumexp: bool = False,
+                   group: int = 1) -> CTAProgram:
     """The transfers of `flash2_cta` for the same CTA, without values (same blocks, same order)."""
     h, i = cta.index
     rows = sched.q_rows(i)
     first = sched.kv_range(i).start
-    kv_blocks = _kv_blocks(sched, h, d * itemsize)
+    kv_blocks = _kv_blocks(sched, kv_head(h, group), d * itemsize)
     row_bytes = d * itemsize
     tile_bytes = (rows.stop - rows.start) * row_bytes
     epilogue = (Access(block_key("O", h, rows), tile_bytes, write=True),)

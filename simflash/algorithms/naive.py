@@ -7,8 +7,9 @@
 Each kernel's work is split into one CTA per head that streams its rows in blocks of `block_rows`
 (a block of S about NAIVE_BLOCK_BYTES), reading each operand once, as the logical model counts it:
 the order in which an L2 sees S and P go by. (cuBLAS and a softmax tile the work differently; what the
-L2 sees of it is a stream of rows, head after head.) Causal: kernels store and load only the permitted
-entries of S and P (the lower triangle); the others are never stored, and the softmax treats them as -inf.
+L2 sees of it is a stream of rows, head after head.) Causal or windowed: kernels store and load only the
+permitted entries of S and P (the lower triangle, the band); the others are never stored, and the softmax
+treats them as -inf. Grouped-query heads: each query head's GEMMs read its group's K and V.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from simflash.config import KiB
-from simflash.grid import CTA, Access, CTAProgram, block_key
+from simflash.grid import CTA, Access, CTAProgram, block_key, kv_head
 from simflash.memory import SimulatedGPU
 from simflash.schedule import TileSchedule
 
@@ -44,8 +45,8 @@ def _row_blocks(sched: TileSchedule, itemsize: int) -> list[slice]:
 def gemm_qk_cta(gpu: SimulatedGPU, sched: TileSchedule, scale: float, cta: CTA) -> Iterator[None]:
     hbm, compute = gpu.hbm, gpu.compute
     (h,) = cta.index
-    permitted = sched.mask(0, 0) if sched.causal else None  # (n_q, n_kv): True where row r may see key c
-    K = hbm.read("K", (h,))  # (n_kv, d)
+    permitted = sched.mask(0, 0) if sched.masks else None  # (n_q, n_kv): True where row r may see key c
+    K = hbm.read("K", (kv_head(h, hbm.shape("Q")[0] // hbm.shape("K")[0]),))  # (n_kv, d) its group's K
     for rows in _row_blocks(sched, hbm.itemsize("S")):
         Q_r = hbm.read("Q", (h, rows))  # (rows, d)
         S_r = compute.matmul(Q_r, K.T) * scale  # (rows, n_kv)
@@ -57,7 +58,7 @@ def gemm_qk_cta(gpu: SimulatedGPU, sched: TileSchedule, scale: float, cta: CTA) 
 def softmax_cta(gpu: SimulatedGPU, sched: TileSchedule, scale: float, cta: CTA) -> Iterator[None]:
     hbm, compute = gpu.hbm, gpu.compute
     (h,) = cta.index
-    permitted = sched.mask(0, 0) if sched.causal else None
+    permitted = sched.mask(0, 0) if sched.masks else None
     for rows in _row_blocks(sched, hbm.itemsize("S")):
         stored = None if permitted is None else permitted[rows]
         S_r = hbm.read_where("S", stored, fill=-np.inf, index=(h, rows))  # (rows, n_kv)
@@ -74,8 +75,8 @@ def softmax_cta(gpu: SimulatedGPU, sched: TileSchedule, scale: float, cta: CTA) 
 def gemm_pv_cta(gpu: SimulatedGPU, sched: TileSchedule, scale: float, cta: CTA) -> Iterator[None]:
     hbm, compute = gpu.hbm, gpu.compute
     (h,) = cta.index
-    permitted = sched.mask(0, 0) if sched.causal else None
-    V = hbm.read("V", (h,))  # (n_kv, d)
+    permitted = sched.mask(0, 0) if sched.masks else None
+    V = hbm.read("V", (kv_head(h, hbm.shape("Q")[0] // hbm.shape("V")[0]),))  # (n_kv, d) its group's V
     for rows in _row_blocks(sched, hbm.itemsize("P")):
         P_r = hbm.read_where("P", None if permitted is None else permitted[rows], fill=0.0, index=(h, rows))
         hbm.write("O", (h, rows), compute.matmul(P_r, V))  # (rows, d)
@@ -85,9 +86,10 @@ def gemm_pv_cta(gpu: SimulatedGPU, sched: TileSchedule, scale: float, cta: CTA) 
 NAIVE_CTAS = {"gemm_qk": gemm_qk_cta, "softmax": softmax_cta, "gemm_pv": gemm_pv_cta}
 
 
-def naive_program(kernel: str, sched: TileSchedule, cta: CTA, d: int, itemsize: int) -> CTAProgram:
+def naive_program(kernel: str, sched: TileSchedule, cta: CTA, d: int, itemsize: int, group: int = 1) -> CTAProgram:
     """The transfers of kernel `kernel`'s CTA without values (same blocks, same order)."""
     (h,) = cta.index
+    h_kv = kv_head(h, group)
     blocks = _row_blocks(sched, itemsize)
     row_entries = stored_per_row(sched)
 
@@ -101,18 +103,18 @@ def naive_program(kernel: str, sched: TileSchedule, cta: CTA, d: int, itemsize: 
     if kernel == "gemm_qk":
         return CTAProgram(cta, lambda t: (Access(block_key("Q", h, blocks[t]), rows_bytes(blocks[t])),
                                           Access(block_key("S", h, blocks[t]), score_bytes(blocks[t]), True)),
-                          prologue=(Access(block_key("K", h, whole), sched.n_kv * d * itemsize),))
+                          prologue=(Access(block_key("K", h_kv, whole), sched.n_kv * d * itemsize),))
     if kernel == "softmax":
         return CTAProgram(cta, lambda t: (Access(block_key("S", h, blocks[t]), score_bytes(blocks[t])),
                                           Access(block_key("P", h, blocks[t]), score_bytes(blocks[t]), True)))
     return CTAProgram(cta, lambda t: (Access(block_key("P", h, blocks[t]), score_bytes(blocks[t])),
                                       Access(block_key("O", h, blocks[t]), rows_bytes(blocks[t]), True)),
-                      prologue=(Access(block_key("V", h, whole), sched.n_kv * d * itemsize),))
+                      prologue=(Access(block_key("V", h_kv, whole), sched.n_kv * d * itemsize),))
 
 
 def stored_per_row(sched: TileSchedule) -> np.ndarray:
-    """Entries of S (and P) each query row stores: all n_kv, or (causal) the visible ones."""
-    if not sched.causal:
-        return np.full(sched.n_q, sched.n_kv, dtype=np.int64)
-    last = np.arange(sched.n_q) + sched.diagonal_offset  # the last key each row sees
-    return np.clip(last + 1, 0, sched.n_kv)
+    """Entries of S (and P) each query row stores: all n_kv, or (causal, windowed) the visible ones."""
+    diagonal = np.arange(sched.n_q) + sched.diagonal_offset  # (n_q,)
+    last = np.full(sched.n_q, sched.n_kv - 1) if sched.right is None else diagonal + sched.right
+    first = np.zeros(sched.n_q, dtype=np.int64) if sched.left is None else diagonal - sched.left
+    return np.clip(last + 1, 0, sched.n_kv) - np.clip(first, 0, sched.n_kv)

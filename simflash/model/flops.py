@@ -10,26 +10,20 @@ sum, rescale). Per visited tile of B_r x B_c scores (r rows, c keys, d the head 
     fa1      exp r c + 2r (P~_ij, alpha, beta); fp32 4 r c + 6 r + 3 r d; div r d (Algorithm 1's
              diag(l_new)^-1 on every visited tile, not once)
 
-The sums run over query tiles only (each visits a prefix of KV tiles), so any N is instant.
+The sums run over query tiles only (each visits one run of KV tiles), so any N is instant.
 """
 
 from __future__ import annotations
 
 from simflash.config import check_positive_int
-from simflash.model.traffic import _sizes, kv_rows_visited
+from simflash.model.traffic import QueryTiles, _sizes, head_groups, query_tiles
 
 KINDS = ("tensor", "exp", "fp32", "div")
 
 
-
-def _tiles(n_q, n_kv, block_q, block_kv, causal, causal_variant):
-    """Sums over visited (i, j): of r c (scores), of r (rows per visited tile); and n_q."""
-    kv_rows = kv_rows_visited(n_q, n_kv, block_q, block_kv, causal, causal_variant)
-    kv_tiles = [-(-rows // block_kv) for rows in kv_rows]
-    q_rows = [min(block_q, n_q - start) for start in range(0, n_q, block_q)]
-    scores = sum(r * c for r, c in zip(q_rows, kv_rows))
-    step_rows = sum(r * t for r, t in zip(q_rows, kv_tiles))
-    return scores, step_rows
+def _tiles(tiles: QueryTiles) -> tuple[int, int]:
+    """Sums over visited (i, j): of r c (scores), of r (rows per visited tile)."""
+    return int((tiles.rows * tiles.kv_rows).sum()), int((tiles.rows * tiles.count).sum())
 
 
 def naive_flops(n_q, n_kv, d) -> dict[str, int]:
@@ -37,17 +31,15 @@ def naive_flops(n_q, n_kv, d) -> dict[str, int]:
     return {"tensor": 4 * entries * d, "exp": entries, "fp32": 4 * entries, "div": entries}
 
 
-def fa2_flops(n_q, n_kv, d, block_q, block_kv, causal, causal_variant) -> dict[str, int]:
-    scores, step_rows = _tiles(n_q, n_kv, block_q, block_kv, causal, causal_variant)
-    kv_rows = kv_rows_visited(n_q, n_kv, block_q, block_kv, causal, causal_variant)
-    q_rows = [min(block_q, n_q - start) for start in range(0, n_q, block_q)]
-    normalised = sum(r for r, kv in zip(q_rows, kv_rows) if kv)  # a tile that visits nothing exits before it
+def fa2_flops(tiles: QueryTiles, d: int) -> dict[str, int]:
+    scores, step_rows = _tiles(tiles)
+    normalised = int(tiles.rows[tiles.visited].sum())  # a tile that visits nothing exits before it
     return {"tensor": 4 * scores * d, "exp": scores + step_rows, "fp32": 5 * scores + step_rows * d,
             "div": normalised * d}  # a_i / l_i once, after the last KV tile
 
 
-def fa1_flops(n_q, n_kv, d, block_q, block_kv, causal, causal_variant) -> dict[str, int]:
-    scores, step_rows = _tiles(n_q, n_kv, block_q, block_kv, causal, causal_variant)
+def fa1_flops(tiles: QueryTiles, d: int) -> dict[str, int]:
+    scores, step_rows = _tiles(tiles)
     return {"tensor": 4 * scores * d, "exp": scores + 2 * step_rows,
             "fp32": 4 * scores + 6 * step_rows + 3 * step_rows * d, "div": step_rows * d}
 
@@ -58,16 +50,20 @@ FLASH_FLOPS = {"fa2": fa2_flops, "fa1": fa1_flops}
 def flops_by_kind(
     n: int, d: int, variant: str = "fa2", causal: bool = False, block_q: int = 128, block_kv: int = 64, *,
     n_kv: int | None = None, heads: int = 1, causal_variant: str = "upper_left",
+    window: tuple[int, int] = (-1, -1), kv_heads: int | None = None, pack_gqa: bool = False,
 ) -> dict[str, int]:
-    """Arithmetic by kind of variant "naive", "fa2" or "fa1", equal to the simulator's `run.flops_by_kind`."""
+    """Arithmetic by kind of variant "naive", "fa2" or "fa1", equal to the simulator's `run.flops_by_kind`.
+    heads, kv_heads, window and pack_gqa as in `flash_traffic`."""
     variants = ("naive", *FLASH_FLOPS)
     if variant not in variants:
         raise ValueError(f"variant must be one of {variants}, got {variant!r}")
     n_q, n_kv, d, heads = _sizes(n, d, n_kv, heads)
     if variant == "naive":
-        counts = naive_flops(n_q, n_kv, d)
-    else:
-        block_q = check_positive_int("block_q", block_q)
-        block_kv = check_positive_int("block_kv", block_kv)
-        counts = FLASH_FLOPS[variant](n_q, n_kv, d, block_q, block_kv, bool(causal), causal_variant)
-    return {kind: heads * counts[kind] for kind in KINDS}
+        head_groups(heads, kv_heads, False)
+        return {kind: heads * count for kind, count in naive_flops(n_q, n_kv, d).items()}
+    block_q = check_positive_int("block_q", block_q)
+    block_kv = check_positive_int("block_kv", block_kv)
+    cta_heads, pack = head_groups(heads, kv_heads, pack_gqa)
+    counts = FLASH_FLOPS[variant](query_tiles(n_q, n_kv, block_q, block_kv, bool(causal), causal_variant, window,
+                                              pack), d)
+    return {kind: cta_heads * counts[kind] for kind in KINDS}
