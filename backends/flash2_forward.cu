@@ -9,32 +9,11 @@
 // INSTRUMENTED (compile-time): count the HBM bytes each copy instruction moved per tensor, one atomic
 // per query tile per tensor, and record m_i, l_i after every KV tile of one chosen (head, tile). In
 // the timed build (INSTRUMENTED = false) all of that is compiled out.
+//
+// L (optional, nullptr: not written): the logsumexp of each row's scaled scores, m_i + log l_i, for a
+// backward pass; +inf for a row that saw no key. INSTRUMENTED: counted as a fifth tensor, one atomic
+// per row (a fifth block reduction costs the d = 256 build its last registers).
 #include "ptx.cuh"
-
-// Element offset of (row, 16-byte chunk ch) in a shared tile of D columns. The chunk index is XORed
-// with the row so the 8 rows an ldmatrix reads hit 8 different bank groups.
-template <int D>
-static __device__ __forceinline__ int swizzle(int row, int ch) {
-  return row * D + ((ch ^ (row & 7)) << 3);
-}
-
-// Copy `rows` x D values (valid_rows of them real, the rest zero-filled) from HBM into a swizzled
-// shared tile. Returns the bytes this thread read from HBM.
-template <int ROWS, int D, int THREADS>
-static __device__ __forceinline__ u32 load_tile(u32 dst, const storage_t* src, int valid_rows) {
-  constexpr int CHUNKS = D / 8;
-  u32 read_bytes = 0;
-#pragma unroll
-  for (int k = 0; k < (ROWS * CHUNKS + THREADS - 1) / THREADS; ++k) {
-    const int c = threadIdx.x + k * THREADS;
-    if (ROWS * CHUNKS % THREADS != 0 && c >= ROWS * CHUNKS) break;
-    const int row = c / CHUNKS, ch = c % CHUNKS;
-    const bool valid = row < valid_rows;
-    cp_async_16(dst + 2 * swizzle<D>(row, ch), valid ? src + row * D + ch * 8 : src, valid ? 16 : 0);
-    read_bytes += valid ? 16 : 0;
-  }
-  return read_bytes;
-}
 
 template <int DT, int B_r, int B_c, int D, bool INSTRUMENTED>
 __global__ void __launch_bounds__(B_r / 16 * 32) flash2_forward(
@@ -47,7 +26,8 @@ __global__ void __launch_bounds__(B_r / 16 * 32) flash2_forward(
     u64* __restrict__ bytes_moved,    // INSTRUMENTED: [Q read, K read, V read, O written]
     int trace_head, int trace_tile,   // INSTRUMENTED: the (head, query tile) whose state is recorded
     float* __restrict__ trace_m,      // INSTRUMENTED: (T_c, B_r) m_i after each KV tile
-    float* __restrict__ trace_l) {    // INSTRUMENTED: (T_c, B_r) l_i after each KV tile
+    float* __restrict__ trace_l,      // INSTRUMENTED: (T_c, B_r) l_i after each KV tile
+    float* __restrict__ L) {          // (H, n_q) logsumexp, or nullptr
   using St = Storage<DT>;
   static_assert(B_r % 16 == 0 && B_c % 16 == 0 && D % 16 == 0 && D >= 64, "unsupported tile shape");
   constexpr int THREADS = B_r / 16 * 32;
@@ -226,6 +206,11 @@ __global__ void __launch_bounds__(B_r / 16 * 32) flash2_forward(
     float l_row = l_i[r] + __shfl_xor_sync(0xffffffffu, l_i[r], 1);
     l_row += __shfl_xor_sync(0xffffffffu, l_row, 2);
     inv_l[r] = l_row > 0.f ? 1.f / l_row : 0.f;
+    const int row = warp * 16 + g + r * 8;
+    if (L != nullptr && t == 0 && row < rows) {
+      L[(size_t)h * n_q + row_start + row] = l_row > 0.f ? m_i[r] * scale + logf(l_row) : SIMFLASH_POS_INF;
+      if constexpr (INSTRUMENTED) atomicAdd(bytes_moved + 4, 4ull);
+    }
   }
 #pragma unroll
   for (int n = 0; n < NO; ++n)
@@ -237,16 +222,7 @@ __global__ void __launch_bounds__(B_r / 16 * 32) flash2_forward(
     }
   __syncthreads();
   // -- O_i to HBM in 16-byte chunks, valid rows only
-#pragma unroll
-  for (int k = 0; k < B_r * (D / 8) / THREADS; ++k) {  // B_r * D / 8 = 4 * D * THREADS / 32: exact
-    const int c = threadIdx.x + k * THREADS;
-    const int row = c / (D / 8), ch = c % (D / 8);
-    if (row < rows) {
-      *reinterpret_cast<uint4*>(O_h + (size_t)(row_start + row) * D + ch * 8) =
-          *reinterpret_cast<const uint4*>(O_s + swizzle<D>(row, ch));
-      written_O += 16;
-    }
-  }
+  written_O += store_tile<B_r, D, THREADS>(O_h + (size_t)row_start * D, O_s, rows);
 
   if constexpr (INSTRUMENTED) {
     __shared__ u64 scratch[THREADS / 32];

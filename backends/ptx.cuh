@@ -1,4 +1,5 @@
-// The few PTX instructions the simflash kernels are built from.
+// The few PTX instructions the simflash kernels are built from, and the tile copies between HBM and
+// swizzled shared memory they share.
 //
 // Self-contained (no CUDA headers), so the same text compiles under NVRTC (CuPy RawModule) and nvcc.
 // 16-bit storage values travel as raw bits (storage_t); Storage<DT> converts and multiplies them.
@@ -9,6 +10,7 @@ typedef unsigned int u32;
 typedef unsigned long long u64;
 
 #define SIMFLASH_NEG_INF (__int_as_float(0xff800000))
+#define SIMFLASH_POS_INF (__int_as_float(0x7f800000))
 
 enum StorageType { FLOAT16 = 0, BFLOAT16 = 1 };
 
@@ -103,6 +105,63 @@ static __device__ __forceinline__ void ldmatrix_x4_trans(u32 (&r)[4], u32 addr) 
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr)
                : "memory");
+}
+
+// Element offset of (row, 16-byte chunk ch) in a shared tile of D columns. The chunk index is XORed
+// with the row so the 8 rows an ldmatrix reads hit 8 different bank groups.
+template <int D>
+static __device__ __forceinline__ int swizzle(int row, int ch) {
+  return row * D + ((ch ^ (row & 7)) << 3);
+}
+
+// Copy `rows` x D values (valid_rows of them real, the rest zero-filled) from HBM into a swizzled
+// shared tile. Returns the bytes this thread read from HBM.
+template <int ROWS, int D, int THREADS>
+static __device__ __forceinline__ u32 load_tile(u32 dst, const storage_t* src, int valid_rows) {
+  constexpr int CHUNKS = D / 8;
+  u32 read_bytes = 0;
+#pragma unroll
+  for (int k = 0; k < (ROWS * CHUNKS + THREADS - 1) / THREADS; ++k) {
+    const int c = threadIdx.x + k * THREADS;
+    if (ROWS * CHUNKS % THREADS != 0 && c >= ROWS * CHUNKS) break;
+    const int row = c / CHUNKS, ch = c % CHUNKS;
+    const bool valid = row < valid_rows;
+    cp_async_16(dst + 2 * swizzle<D>(row, ch), valid ? src + row * D + ch * 8 : src, valid ? 16 : 0);
+    read_bytes += valid ? 16 : 0;
+  }
+  return read_bytes;
+}
+
+// The inverse of ldmatrix_x4 (sm_90): lane 4 row + c/2 holds row `row`, columns c, c + 1 of matrix k in
+// r[k]; lanes 8k..8k+7 give the row addresses of matrix k.
+static __device__ __forceinline__ void stmatrix_x4(u32 addr, u32 r0, u32 r1, u32 r2, u32 r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};" ::"r"(addr), "r"(r0), "r"(r1), "r"(r2),
+               "r"(r3)
+               : "memory");
+}
+
+// Copy the first valid_rows rows of a swizzled shared tile of D columns to HBM in 16-byte stores.
+// Returns the bytes this thread wrote.
+template <int ROWS, int D, int THREADS>
+static __device__ __forceinline__ u32 store_tile(storage_t* dst, const storage_t* src, int valid_rows) {
+  constexpr int CHUNKS = D / 8;
+  u32 written_bytes = 0;
+#pragma unroll
+  for (int k = 0; k < (ROWS * CHUNKS + THREADS - 1) / THREADS; ++k) {
+    const int c = threadIdx.x + k * THREADS;
+    if (ROWS * CHUNKS % THREADS != 0 && c >= ROWS * CHUNKS) break;
+    const int row = c / CHUNKS, ch = c % CHUNKS;
+    if (row < valid_rows) {
+      *reinterpret_cast<uint4*>(dst + (size_t)row * D + ch * 8) = *reinterpret_cast<const uint4*>(src + swizzle<D>(row, ch));
+      written_bytes += 16;
+    }
+  }
+  return written_bytes;
+}
+
+// p[0] += a, p[1] += b in HBM, atomically, nothing returned: one vector reduction (sm_90).
+static __device__ __forceinline__ void red_add_f32x2(float* p, float a, float b) {
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(a), "f"(b) : "memory");
 }
 
 // Sum of a per-thread byte count over the block; thread 0 adds it to *total (one atomic per call).
