@@ -2,7 +2,8 @@
 
 `flash_attention` takes host arrays, checks them exactly as the simulator does, runs the kernel
 (instrumented by default, so the run carries the HBM bytes the kernel counted and the m, l trace of one
-tile) and hands back a GPURun whose `traffic` compares equal to the simulator's. `launch` is the
+tile) and hands back a GPURun whose `traffic` compares equal to the simulator's; with
+write_logsumexp=True the kernel also writes L, for a backward pass, as the simulator does. `launch` is the
 device-array entry point the timing and profiling code uses.
 """
 
@@ -13,11 +14,12 @@ import numpy as np
 
 from simflash.api import prepare_inputs
 from simflash.backends.kernels import Flash2Kernel, import_cupy
+from simflash.config import check_bool
 from simflash.memory import Flow, Traffic
 from simflash.schedule import TileSchedule
 
 KERNEL = "flash2_forward"  # the ledger's kernel name, as in the simulator
-COUNTED_TENSORS = ("Q", "K", "V", "O")  # order of the kernel's bytes_moved counters
+COUNTED_TENSORS = ("Q", "K", "V", "O", "L")  # order of the kernel's bytes_moved counters (L: when written)
 # Output poison: a NaN bit pattern per storage dtype, so an element the kernel never wrote shows up.
 POISON_BITS = {"float16": 0x7E00, "bfloat16": 0x7FC0}
 
@@ -43,6 +45,7 @@ class GPURun:
     counted: frozenset[tuple[str, str]]  # ledger keys counted on the device (the rest are logical)
     trace: tuple[TileStats, ...]
     resources: dict
+    logsumexp: np.ndarray | None = None  # float32, shape q.shape[:-1], when write_logsumexp=True
 
 
 def device_view(x, dtype: str):
@@ -56,11 +59,13 @@ def poisoned_output(shape: tuple[int, ...], dtype: str):
     return cupy.full(shape, POISON_BITS[dtype], dtype=cupy.uint16)
 
 
-def launch(kernel: Flash2Kernel, Q, K, V, O, sched: TileSchedule, scale: float, counters=None, trace=None) -> None:
+def launch(kernel: Flash2Kernel, Q, K, V, O, sched: TileSchedule, scale: float, counters=None, trace=None,
+           L=None) -> None:
     """Run the kernel on device arrays Q (H, n_q, d), K, V (H, n_kv, d) and O (H, n_q, d), 16-bit.
 
-    counters: a device uint64 array of 4 (instrumented build); trace: (head, tile, m, l) with m, l
-    device float32 arrays of (T_c, block_q) for the chosen tile.
+    counters: a device uint64 array of 4, or 5 with L (instrumented build); trace: (head, tile, m, l)
+    with m, l device float32 arrays of (T_c, block_q) for the chosen tile; L: a device float32 array
+    (H, n_q) for the logsumexp, or None.
     """
     heads, n_q, d = Q.shape
     if (n_q, sched.n_kv) != (sched.n_q, K.shape[1]) or d != kernel.d or K.shape != V.shape:
@@ -72,7 +77,7 @@ def launch(kernel: Flash2Kernel, Q, K, V, O, sched: TileSchedule, scale: float, 
         (kernel.threads,),
         (Q, K, V, O, np.int32(n_q), np.int32(sched.n_kv), np.float32(scale), np.int32(sched.causal),
          np.int32(sched.diagonal_offset), null if counters is None else counters,
-         np.int32(trace_head), np.int32(trace_tile), trace_m, trace_l),
+         np.int32(trace_head), np.int32(trace_tile), trace_m, trace_l, null if L is None else L),
         shared_mem=kernel.shared_bytes,
     )
 
@@ -80,15 +85,17 @@ def launch(kernel: Flash2Kernel, Q, K, V, O, sched: TileSchedule, scale: float, 
 def flash_attention(
     q, k, v, block_q: int = 128, block_kv: int = 64, causal: bool = False, causal_variant: str = "upper_left",
     scale: float | None = None, dtype: str = "float16", *, instrumented: bool = True,
-    trace_head: int | None = None, trace_tile: int | None = None,
+    trace_head: int | None = None, trace_tile: int | None = None, write_logsumexp: bool = False,
 ) -> GPURun:
     """FA-2 forward on the GPU. q: (..., n_q, d); k, v: (..., n_kv, d); same checks as the simulator.
 
     instrumented: run the counting build, so `traffic` holds the bytes the kernel moved (the timed
     build leaves it None). trace_head/trace_tile pick the one query tile whose m, l are recorded
-    after every KV tile (instrumented build only; default: none).
+    after every KV tile (instrumented build only; default: none). write_logsumexp: also write L
+    (float32, +inf for a row that saw no key) into `logsumexp`, counted as ("flash2_forward", "L").
     """
     Q, K, V, scale = prepare_inputs(q, k, v, dtype, scale, causal_variant)
+    write_logsumexp = check_bool("write_logsumexp", write_logsumexp)
     heads, n_q, d = Q.shape
     kernel = Flash2Kernel(dtype, block_q, block_kv, d, bool(instrumented))
     sched = TileSchedule(n_q, K.shape[1], block_q, block_kv, causal=bool(causal), causal_variant=causal_variant)
@@ -103,23 +110,25 @@ def flash_attention(
     cupy = import_cupy()
     Q_d, K_d, V_d = (device_view(x, dtype) for x in (Q, K, V))
     O_d = poisoned_output(Q.shape, dtype)
+    L_d = cupy.full(Q.shape[:2], np.nan, dtype=cupy.float32) if write_logsumexp else None
     counters = cupy.zeros(len(COUNTED_TENSORS), dtype=cupy.uint64) if instrumented else None
     trace = None
     if traced:
         T_c = len(sched.kv_tiles(trace_tile))
         m = cupy.full((max(T_c, 1), block_q), np.nan, dtype=cupy.float32)
         trace = (trace_head, trace_tile, m, cupy.full_like(m, np.nan))
-    launch(kernel, Q_d, K_d, V_d, O_d, sched, scale, counters, trace)
+    launch(kernel, Q_d, K_d, V_d, O_d, sched, scale, counters, trace, L_d)
 
     out = O_d.get().view(Q.dtype).reshape(np.shape(q))
     traffic = None
     if instrumented:
-        read_Q, read_K, read_V, written_O = (int(c) for c in counters.get())
+        read_Q, read_K, read_V, written_O, written_L = (int(c) for c in counters.get())
         traffic = Traffic({
             (KERNEL, "Q"): Flow(read_bytes=read_Q),
             (KERNEL, "K"): Flow(read_bytes=read_K),
             (KERNEL, "V"): Flow(read_bytes=read_V),
             (KERNEL, "O"): Flow(write_bytes=written_O),
+            **({(KERNEL, "L"): Flow(write_bytes=written_L)} if write_logsumexp else {}),
         })
     steps: tuple[TileStats, ...] = ()
     if trace is not None:
@@ -130,5 +139,7 @@ def flash_attention(
                       l_host[n, : rows.stop - rows.start].copy())
             for n, j in enumerate(sched.kv_tiles(trace_tile))
         )
-    counted = frozenset((KERNEL, t) for t in COUNTED_TENSORS) if instrumented else frozenset()
-    return GPURun(out=out, traffic=traffic, counted=counted, trace=steps, resources=kernel.resources())
+    counted = frozenset((KERNEL, t) for t in COUNTED_TENSORS if t != "L" or write_logsumexp) if instrumented else frozenset()
+    logsumexp = L_d.get().reshape(np.shape(q)[:-1]) if write_logsumexp else None
+    return GPURun(out=out, traffic=traffic, counted=counted, trace=steps, resources=kernel.resources(),
+                  logsumexp=logsumexp)

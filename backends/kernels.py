@@ -18,6 +18,13 @@ STORAGE_TYPES = {"float16": 0, "bfloat16": 1}
 HEAD_DIMS = (64, 128, 256)
 BLOCK_Q = (64, 128)  # B_r: a multiple of 16, one warp per 16 rows
 BLOCK_KV = (32, 64, 128)  # B_c: a multiple of 16
+# The instantiations the FA-2 backward kernels are built for: B_c / 16 warps, one per 16 rows of the KV
+# tile, and B_r a divisor of B_c (d = 128 with B_r = 128 needs 256 KiB of shared memory: refused).
+BACKWARD_HEAD_DIMS = (64, 128)
+BACKWARD_BLOCK_Q = (64, 128)
+BACKWARD_BLOCK_KV = (128,)
+BACKWARD_MIN_COMPUTE_CAPABILITY = 90  # stmatrix and vector float32 atomics
+ELEMENTWISE_THREADS = 256  # the backward's preprocess and convert kernels
 COMPILE_OPTIONS = ("--std=c++17",)
 SOFTMAX_THREADS = 256  # naive_softmax.cu's block size
 CUPY_HINT = "install CuPy for your CUDA version: pip install 'simflash[cuda13]' (or 'simflash[cuda12]')"
@@ -128,6 +135,64 @@ class Flash2Kernel:
 
 
 @attrs.frozen
+class Flash2BackwardKernels:
+    """The three FA-2 backward kernels of one configuration: storage dtype, B_r, B_c, head dim, build.
+
+    flash2_backward_preprocess.cu (D and dQ_accum), flash2_backward.cu (dK, dV, dQ_accum),
+    flash2_backward_convert.cu (dQ), in launch order.
+    """
+
+    dtype: str = "float16"
+    block_q: int = 64
+    block_kv: int = 128
+    d: int = 128
+    instrumented: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        _choice("dtype", self.dtype, STORAGE_TYPES)
+        _choice("block_q", self.block_q, BACKWARD_BLOCK_Q)
+        _choice("block_kv", self.block_kv, BACKWARD_BLOCK_KV)
+        _choice("d", self.d, BACKWARD_HEAD_DIMS)
+
+    @property
+    def name_expressions(self) -> tuple[str, str, str]:
+        dt, build = STORAGE_TYPES[self.dtype], "true" if self.instrumented else "false"
+        return (f"flash2_backward_preprocess<{dt}, {self.block_q}, {self.d}, {build}>",
+                f"flash2_backward<{dt}, {self.block_q}, {self.block_kv}, {self.d}, {build}>",
+                f"flash2_backward_convert<{dt}, {build}>")
+
+    @property
+    def threads(self) -> int:
+        """Threads of the main kernel: one warp per 16 rows of the KV tile."""
+        return self.block_kv // 16 * 32
+
+    @property
+    def shared_bytes(self) -> int:
+        """Dynamic shared memory of the main kernel: K_j, V_j; Q_i, dO_i double-buffered; P_ij, dS_ij."""
+        return (2 * self.block_kv * self.d + 4 * self.block_q * self.d + 2 * self.block_q * self.block_kv) * 2
+
+    def functions(self):
+        """The compiled (preprocess, main, convert) kernels; refused where the GPU cannot run them."""
+        capability = int(import_cupy().cuda.Device().compute_capability)  # "90" for 9.0
+        if capability < BACKWARD_MIN_COMPUTE_CAPABILITY:
+            raise ValueError(f"the backward kernels need compute capability {BACKWARD_MIN_COMPUTE_CAPABILITY // 10}.0 "
+                             f"or newer (stmatrix, vector atomics); this GPU is {capability // 10}.{capability % 10}")
+        preprocess, main, convert = (compiled(name, expression) for name, expression in zip(
+            ("flash2_backward_preprocess.cu", "flash2_backward.cu", "flash2_backward_convert.cu"),
+            self.name_expressions))
+        what = f"flash2_backward with block_q={self.block_q}, block_kv={self.block_kv}, d={self.d}"
+        return preprocess, _fit_shared(main, self.shared_bytes, what), convert
+
+    def resources(self) -> list[dict]:
+        """What the compiler gave each of the three kernels."""
+        threads = (ELEMENTWISE_THREADS, self.threads, ELEMENTWISE_THREADS)
+        shared = (0, self.shared_bytes, 0)
+        return [{"kernel": expression, "threads": count, "registers": int(kernel.num_regs),
+                 "local_bytes": int(kernel.local_size_bytes), "shared_bytes": dynamic + int(kernel.shared_size_bytes)}
+                for expression, kernel, count, dynamic in zip(self.name_expressions, self.functions(), threads, shared)]
+
+
+@attrs.frozen
 class SoftmaxKernel:
     """One instantiation of naive_softmax.cu (kernel 2 of the naive path)."""
 
@@ -148,8 +213,10 @@ class SoftmaxKernel:
 
 
 def supported() -> dict:
-    """The configurations the GPU kernels are instantiated for, by argument."""
-    return {"dtype": list(STORAGE_TYPES), "d": list(HEAD_DIMS), "block_q": list(BLOCK_Q), "block_kv": list(BLOCK_KV)}
+    """The configurations the GPU kernels are instantiated for, by argument (the backward's apart)."""
+    return {"dtype": list(STORAGE_TYPES), "d": list(HEAD_DIMS), "block_q": list(BLOCK_Q), "block_kv": list(BLOCK_KV),
+            "backward": {"d": list(BACKWARD_HEAD_DIMS), "block_q": list(BACKWARD_BLOCK_Q),
+                         "block_kv": list(BACKWARD_BLOCK_KV)}}
 
 
 def device_info() -> dict:

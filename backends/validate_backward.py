@@ -1,0 +1,300 @@
+"""Correctness of the GPU backward against float64, a naive backward in the same dtype, and SDPA.
+
+For each configuration, on fresh random q, k, v and output gradient dO:
+
+- dQ, dK, dV: max |g - ref| against the float64 analytic gradients (`reference_backward`), and
+  FlashAttention's rule per gradient: at most 2x the max error of a naive backward computed in the same
+  storage dtype (`naive_backward`) plus a small atol (`gradient_atol`);
+- the same numbers for PyTorch SDPA's flash backward where SDPA's flash backend takes the mask (none,
+  or causal with n_q = n_kv), and the largest difference between its gradients and ours;
+- the bytes the three kernels counted against the ledger's definition (`defined_traffic`) and, where
+  the simulator has it, its closed form sf.model.flash_backward_traffic: exact integers;
+- the forward's logsumexp L against the simulator's, and the forward's bytes (L included) against the
+  simulator's ledger;
+- the timed build: dK and dV bit for bit the instrumented build's (each CTA owns its KV tile), dQ
+  within the rule (float32 atomics add in no fixed order); no NaN anywhere.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import numpy as np
+
+import simflash as sf
+from simflash.backends import flash2_backward
+from simflash.backends.validate import ledger_rows
+from simflash.config import storage_dtype
+from simflash.memory import Flow, Traffic
+from simflash.numerics import ATOL_ROUNDOFFS, FLOAT32_UNIT_ROUNDOFF, max_abs_error, reference_mask, relative_error, upcast
+from simflash.schedule import TileSchedule
+
+GRADIENTS = ("dq", "dk", "dv")
+LOGSUMEXP_RTOL = 1e-4  # the kernel's L against the simulator's: float32 sums in another order
+MASKS = ((False, "upper_left"), (True, "upper_left"), (True, "lower_right"))
+
+
+@attrs.frozen
+class BackwardConfig:
+    n_q: int
+    n_kv: int
+    d: int
+    heads: int
+    causal: bool
+    causal_variant: str
+    dtype: str
+    block_q: int = 64
+    block_kv: int = 128
+
+    @property
+    def label(self) -> str:
+        mask = self.causal_variant if self.causal else "full"
+        return (f"backward {self.dtype} n_q={self.n_q} n_kv={self.n_kv} d={self.d} H={self.heads} {mask} "
+                f"B_r={self.block_q} B_c={self.block_kv}")
+
+
+def default_configs(quick: bool = False) -> list[BackwardConfig]:
+    """N in {1, 17, 128, 1000} x d in {64, 128} x {full, both causal variants} x {fp16, bf16}, n_q != n_kv
+    both ways (KV tiles no query tile sees, query rows that see no key), and B_r = 128 at d = 64.
+    quick: a small subset for smoke runs."""
+    if quick:
+        return [BackwardConfig(200, 200, 64, 2, True, "upper_left", "float16"),
+                BackwardConfig(130, 77, 128, 1, True, "lower_right", "bfloat16"),
+                BackwardConfig(77, 300, 64, 1, True, "upper_left", "float16")]
+    configs = [BackwardConfig(n, n, d, 2, causal, variant, dtype)
+               for n in (1, 17, 128, 1000) for d in (64, 128) for causal, variant in MASKS
+               for dtype in ("float16", "bfloat16")]
+    configs += [BackwardConfig(n_q, n_kv, d, 1, causal, variant, dtype)
+                for n_q, n_kv in ((1, 1000), (17, 300), (300, 17), (1000, 2048), (2048, 1000))
+                for causal, variant in MASKS for d, dtype in ((64, "float16"), (128, "bfloat16"))]
+    configs += [BackwardConfig(1000, 777, 64, 2, causal, variant, "float16", 128, 128) for causal, variant in MASKS]
+    return configs
+
+
+def reference_backward(q, k, v, do, causal: bool = False, causal_variant: str = "upper_left",
+                       scale: float | None = None, dtype: str = "float16") -> tuple[np.ndarray, ...]:
+    """(O, dq, dk, dv) in float64 on the storage-rounded inputs, from the definitions (FA-2, Algorithm 2):
+    S = scale Q K^T (invisible keys -inf), P = softmax(S) (0 for a row with no visible key), O = P V,
+    dV = P^T dO, dP = dO V^T, D = rowsum(dO o O), dS = P o (dP - D), dQ = scale dS K, dK = scale dS^T Q."""
+    Q, K, V, dO = (upcast(x, dtype) for x in (q, k, v, do))
+    scale = 1.0 / math.sqrt(Q.shape[-1]) if scale is None else scale
+    S = np.where(reference_mask(Q.shape[-2], K.shape[-2], causal, causal_variant), scale * Q @ K.swapaxes(-1, -2),
+                 -np.inf)  # (..., n_q, n_kv)
+    m = S.max(axis=-1, keepdims=True)
+    E = np.exp(S - np.where(np.isneginf(m), 0.0, m))
+    l = E.sum(axis=-1, keepdims=True)  # noqa: E741
+    P = np.divide(E, l, out=np.zeros_like(E), where=l > 0)
+    O = P @ V
+    dP = dO @ V.swapaxes(-1, -2)
+    dS = P * (dP - (dO * O).sum(axis=-1, keepdims=True))
+    return O, scale * dS @ K, scale * dS.swapaxes(-1, -2) @ Q, P.swapaxes(-1, -2) @ dO
+
+
+def naive_backward(q, k, v, do, causal: bool = False, causal_variant: str = "upper_left", scale: float | None = None,
+                   dtype: str = "float16") -> tuple[np.ndarray, ...]:
+    """(dq, dk, dv) as an eager framework computes them in the storage dtype: every tensor it keeps (S, P,
+    O, dP, dS and the gradients) stored in that dtype, matrix products accumulated in float32, and the
+    softmax's backward D = rowsum(P o dP) in float32."""
+    store = storage_dtype(dtype)
+
+    def stored(x: np.ndarray) -> np.ndarray:
+        return x.astype(store).astype(np.float32)
+
+    Q, K, V, dO = (stored(np.asarray(x, dtype=np.float32)) for x in (q, k, v, do))
+    scale = 1.0 / math.sqrt(Q.shape[-1]) if scale is None else scale
+    visible = reference_mask(Q.shape[-2], K.shape[-2], causal, causal_variant)
+    S = np.where(visible, stored(np.float32(scale) * (Q @ K.swapaxes(-1, -2))), -np.inf)
+    m = S.max(axis=-1, keepdims=True)
+    E = np.exp(S - np.where(np.isneginf(m), 0.0, m))
+    l = E.sum(axis=-1, keepdims=True)  # noqa: E741
+    P = stored(np.divide(E, l, out=np.zeros_like(E), where=l > 0))
+    dP = stored(dO @ V.swapaxes(-1, -2))
+    dS = stored(P * (dP - (P * dP).sum(axis=-1, keepdims=True)))
+    return (stored(np.float32(scale) * (dS @ K)), stored(np.float32(scale) * (dS.swapaxes(-1, -2) @ Q)),
+            stored(P.swapaxes(-1, -2) @ dO))
+
+
+def gradient_atol(v, do) -> float:
+    """The rule's absolute slack: ATOL_ROUNDOFFS float32 roundoffs of max |dO| max |V|, the scale of dP's
+    terms. It decides only gradients naive gets exactly (one key: dS = 0 there, while the kernel's
+    D = rowsum(dO o O) and dP = dO V^T differ by float32 rounding)."""
+    scale = float(np.abs(np.asarray(v, dtype=np.float64)).max(initial=0.0)
+                  * np.abs(np.asarray(do, dtype=np.float64)).max(initial=0.0))
+    return ATOL_ROUNDOFFS * FLOAT32_UNIT_ROUNDOFF * scale
+
+
+def defined_traffic(n_q: int, n_kv: int, d: int, block_q: int = 64, block_kv: int = 128, dtype: str = "float16",
+                    causal: bool = False, causal_variant: str = "upper_left", heads: int = 1) -> Traffic:
+    """The three kernels' ledger from its definition, tile by tile (valid rows only):
+
+    - flash2_backward_preprocess reads O and dO, writes D (float32 per row) and zeroes dQ_accum (float32);
+    - flash2_backward, per KV tile j some query tile visits: K_j and V_j once; per visiting query tile i:
+      Q_i and dO_i, L_i and D_i (float32), and dQ_accum written (its float32 atomic addends); dK_j, dV_j
+      written for every KV tile (zeros where no query tile visits, without loading K_j, V_j);
+    - flash2_backward_convert reads dQ_accum and writes dQ.
+    Query tile i visits KV tile j when j is within i's skip bounds (TileSchedule.kv_range), as forward."""
+    b, f32 = storage_dtype(dtype).itemsize, 4
+    sched = TileSchedule(n_q, n_kv, block_q, block_kv, causal=causal, causal_variant=causal_variant)
+    q_rows = [sched.q_rows(i).stop - sched.q_rows(i).start for i in range(sched.n_q_tiles)]
+    visits = [(i, j) for i in range(sched.n_q_tiles) for j in sched.kv_range(i)]
+    seen_kv_rows = sum(sched.kv_cols(j).stop - sched.kv_cols(j).start for j in {j for _, j in visits})
+    visiting_rows = sum(q_rows[i] for i, _ in visits)
+    ledger = {
+        ("flash2_backward_preprocess", "O"): Flow(read_bytes=n_q * d * b),
+        ("flash2_backward_preprocess", "dO"): Flow(read_bytes=n_q * d * b),
+        ("flash2_backward_preprocess", "D"): Flow(write_bytes=n_q * f32),
+        ("flash2_backward_preprocess", "dQ_accum"): Flow(write_bytes=n_q * d * f32),
+        ("flash2_backward", "K"): Flow(read_bytes=seen_kv_rows * d * b),
+        ("flash2_backward", "V"): Flow(read_bytes=seen_kv_rows * d * b),
+        ("flash2_backward", "Q"): Flow(read_bytes=visiting_rows * d * b),
+        ("flash2_backward", "dO"): Flow(read_bytes=visiting_rows * d * b),
+        ("flash2_backward", "L"): Flow(read_bytes=visiting_rows * f32),
+        ("flash2_backward", "D"): Flow(read_bytes=visiting_rows * f32),
+        ("flash2_backward", "dQ_accum"): Flow(write_bytes=visiting_rows * d * f32),
+        ("flash2_backward", "dK"): Flow(write_bytes=n_kv * d * b),
+        ("flash2_backward", "dV"): Flow(write_bytes=n_kv * d * b),
+        ("flash2_backward_convert", "dQ_accum"): Flow(read_bytes=n_q * d * f32),
+        ("flash2_backward_convert", "dQ"): Flow(write_bytes=n_q * d * b),
+    }
+    return Traffic(ledger).times(heads)
+
+
+def model_traffic(c: BackwardConfig) -> Traffic | None:
+    """The simulator's closed form for the configuration, where this simflash has it (None otherwise)."""
+    closed_form = getattr(sf.model, "flash_backward_traffic", None)
+    if closed_form is None:
+        return None
+    return closed_form(c.n_q, c.d, c.block_q, c.block_kv, c.dtype, c.causal, n_kv=c.n_kv, heads=c.heads,
+                       causal_variant=c.causal_variant)
+
+
+def sdpa_gradients(q, k, v, do, causal: bool, scale: float, dtype: str) -> tuple[np.ndarray, ...] | str:
+    """(dq, dk, dv) from PyTorch SDPA's flash backend on the same storage-rounded inputs, or why not."""
+    try:
+        import torch
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:
+        return "torch is not installed"
+    if causal and q.shape[-2] != k.shape[-2]:
+        return "SDPA's flash backend takes is_causal only for n_q = n_kv"
+    torch_dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
+
+    def tensor(x, grad: bool = True):
+        return torch.tensor(upcast(x, dtype)[None], device="cuda", dtype=torch_dtype, requires_grad=grad)
+
+    Q, K, V = (tensor(x) for x in (q, k, v))
+    try:
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):  # only flash: a refusal raises, never falls back
+            out = torch.nn.functional.scaled_dot_product_attention(Q, K, V, is_causal=causal, scale=scale)
+            out.backward(tensor(do, grad=False))
+    except RuntimeError as error:
+        return f"SDPA refused: {str(error).splitlines()[0][:200]}"
+    return tuple(x.grad[0].float().cpu().numpy() for x in (Q, K, V))
+
+
+def _gradient_record(gpu, naive, ref, atol: float, dtype: str, sdpa=None) -> dict:
+    error, naive_error = max_abs_error(gpu, ref), max_abs_error(naive, ref)
+    record = {"gpu": error, "naive_same_dtype": naive_error, "atol": atol, "relative_gpu": relative_error(gpu, ref),
+              "within_fa_rule": error <= 2 * naive_error + atol}
+    if sdpa is not None:
+        sdpa_error = max_abs_error(sdpa, ref)
+        record.update(sdpa=sdpa_error, sdpa_within_fa_rule=sdpa_error <= 2 * naive_error + atol,
+                      gpu_vs_sdpa_max_abs=max_abs_error(gpu, sdpa))
+    return record
+
+
+def check(config: BackwardConfig, rng: np.random.Generator) -> dict:
+    """Run one configuration every way and record how the results compare."""
+    c = config
+    q = rng.standard_normal((c.heads, c.n_q, c.d), dtype=np.float32)
+    k, v = (rng.standard_normal((c.heads, c.n_kv, c.d), dtype=np.float32) for _ in range(2))
+    do = rng.standard_normal((c.heads, c.n_q, c.d), dtype=np.float32)
+    common = dict(causal=c.causal, causal_variant=c.causal_variant, dtype=c.dtype)
+    scale = 1.0 / math.sqrt(c.d)
+
+    gpu = flash2_backward.flash_attention_backward(q, k, v, do, c.block_q, c.block_kv, **common)
+    timed = flash2_backward.flash_attention_backward(q, k, v, do, c.block_q, c.block_kv, **common, instrumented=False)
+    _, *ref = reference_backward(q, k, v, do, **common)
+    naive = naive_backward(q, k, v, do, **common)
+    sdpa = sdpa_gradients(q, k, v, do, c.causal, scale, c.dtype)
+    sim = sf.flash_attention(q, k, v, *flash2_backward.FORWARD_TILES, **common, write_logsumexp=True, trace="none")
+    atol = gradient_atol(upcast(v, c.dtype), upcast(do, c.dtype))
+    mine = (gpu.dq, gpu.dk, gpu.dv)
+
+    gradients = {}
+    for index, name in enumerate(GRADIENTS):
+        gradients[name] = _gradient_record(mine[index], naive[index], ref[index], atol, c.dtype,
+                                           None if isinstance(sdpa, str) else sdpa[index])
+    timed_dq_error = max_abs_error(timed.dq, ref[0])
+    lse_gpu, lse_sim = gpu.forward.logsumexp, sim.logsumexp
+    same_infinities = bool(np.array_equal(np.isinf(lse_gpu), np.isinf(lse_sim)))
+    seen = np.isfinite(lse_sim)
+    lse_diff = float(np.max(np.abs(lse_gpu[seen] - lse_sim[seen]) / np.maximum(1, np.abs(lse_sim[seen])), initial=0.0))
+    model = model_traffic(c)
+    record = {
+        "config": attrs.asdict(c),
+        "gradients": gradients,
+        "sdpa": "ran" if not isinstance(sdpa, str) else sdpa,
+        "nan_free": bool(all(np.isfinite(g.astype(np.float32)).all() for g in (*mine, timed.dq, timed.dk, timed.dv))
+                         and not np.isnan(lse_gpu).any()),
+        "timed": {
+            "dk_dv_equal_instrumented": bool(np.array_equal(gpu.dk.view(np.uint16), timed.dk.view(np.uint16))
+                                             and np.array_equal(gpu.dv.view(np.uint16), timed.dv.view(np.uint16))),
+            "dq_error": timed_dq_error,
+            "dq_within_fa_rule": timed_dq_error <= 2 * gradients["dq"]["naive_same_dtype"] + atol,
+        },
+        "forward": {
+            "logsumexp_max_rel_diff": lse_diff,
+            "logsumexp_same_infinities": same_infinities,
+            "traffic_equals_simulator": gpu.forward.traffic == sim.traffic,
+        },
+        "traffic": {
+            "instrumented": ledger_rows(gpu.traffic),
+            "equals_definition": gpu.traffic == defined_traffic(c.n_q, c.n_kv, c.d, c.block_q, c.block_kv, c.dtype,
+                                                                c.causal, c.causal_variant, c.heads),
+            "equals_model": None if model is None else gpu.traffic == model,
+        },
+        "resources": gpu.resources,
+    }
+    record["ok"] = passed(record)
+    return record
+
+
+def passed(record: dict) -> bool:
+    """Every check of one record holds (the closed form only where the simulator has it)."""
+    forward = record["forward"]
+    return bool(all(g["within_fa_rule"] for g in record["gradients"].values()) and record["nan_free"]
+                and record["timed"]["dk_dv_equal_instrumented"] and record["timed"]["dq_within_fa_rule"]
+                and forward["logsumexp_same_infinities"] and forward["logsumexp_max_rel_diff"] <= LOGSUMEXP_RTOL
+                and forward["traffic_equals_simulator"] and record["traffic"]["equals_definition"]
+                and record["traffic"]["equals_model"] in (True, None))
+
+
+def refusals() -> list[dict]:
+    """Configurations the backward kernels are not built for are refused with a ValueError naming the argument."""
+    cases = {"d=256": dict(d=256), "block_q=32": dict(block_q=32), "block_kv=64": dict(block_kv=64),
+             "dtype=float32": dict(dtype="float32"),
+             "block_q=128 at d=128 (256 KiB of shared memory)": dict(block_q=128, d=128)}
+    out = []
+    for label, change in cases.items():
+        kwargs = dict(dtype="float16", block_q=64, block_kv=128, d=64) | change
+        q = np.ones((1, 8, kwargs.pop("d")), dtype=np.float32)
+        try:
+            flash2_backward.flash_attention_backward(q, q, q, q, **kwargs)
+            out.append({"case": label, "refused": False, "message": ""})
+        except ValueError as error:
+            out.append({"case": label, "refused": True, "message": str(error)})
+    return out
+
+
+def validate(configs: list[BackwardConfig], seed: int | None = None, progress=None) -> dict:
+    """Run every configuration on fresh inputs (seed recorded, so a run can be repeated)."""
+    seed = int(np.random.SeedSequence().entropy) if seed is None else seed
+    rng = np.random.default_rng(seed)
+    records = []
+    for config in configs:
+        records.append(check(config, rng))
+        if progress is not None:
+            progress(records[-1])
+    return {"seed": str(seed), "records": records, "refusals": refusals(), "all_ok": all(r["ok"] for r in records)}
