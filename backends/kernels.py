@@ -173,15 +173,7 @@ class Flash2BackwardKernels:
 
     def functions(self):
         """The compiled (preprocess, main, convert) kernels; refused where the GPU cannot run them."""
-        capability = int(import_cupy().cuda.Device().compute_capability)  # "90" for 9.0
-        if capability < BACKWARD_MIN_COMPUTE_CAPABILITY:
-            raise ValueError(f"the backward kernels need compute capability {BACKWARD_MIN_COMPUTE_CAPABILITY // 10}.0 "
-                             f"or newer (stmatrix, vector atomics); this GPU is {capability // 10}.{capability % 10}")
-        preprocess, main, convert = (compiled(name, expression) for name, expression in zip(
-            ("flash2_backward_preprocess.cu", "flash2_backward.cu", "flash2_backward_convert.cu"),
-            self.name_expressions))
-        what = f"flash2_backward with block_q={self.block_q}, block_kv={self.block_kv}, d={self.d}"
-        return preprocess, _fit_shared(main, self.shared_bytes, what), convert
+        return _backward_functions(self)
 
     def resources(self) -> list[dict]:
         """What the compiler gave each of the three kernels."""
@@ -190,6 +182,20 @@ class Flash2BackwardKernels:
         return [{"kernel": expression, "threads": count, "registers": int(kernel.num_regs),
                  "local_bytes": int(kernel.local_size_bytes), "shared_bytes": dynamic + int(kernel.shared_size_bytes)}
                 for expression, kernel, count, dynamic in zip(self.name_expressions, self.functions(), threads, shared)]
+
+
+@functools.cache
+def _backward_functions(kernels: Flash2BackwardKernels):
+    """Flash2BackwardKernels.functions, once per process: launches in a timed loop pay no checks."""
+    capability = int(import_cupy().cuda.Device().compute_capability)  # "90" for 9.0
+    if capability < BACKWARD_MIN_COMPUTE_CAPABILITY:
+        raise ValueError(f"the backward kernels need compute capability {BACKWARD_MIN_COMPUTE_CAPABILITY // 10}.0 "
+                         f"or newer (stmatrix, vector atomics); this GPU is {capability // 10}.{capability % 10}")
+    preprocess, main, convert = (compiled(name, expression) for name, expression in zip(
+        ("flash2_backward_preprocess.cu", "flash2_backward.cu", "flash2_backward_convert.cu"),
+        kernels.name_expressions))
+    what = f"flash2_backward with block_q={kernels.block_q}, block_kv={kernels.block_kv}, d={kernels.d}"
+    return preprocess, _fit_shared(main, kernels.shared_bytes, what), convert
 
 
 @attrs.frozen

@@ -11,7 +11,8 @@ from simflash.config import MiB
 
 Table = tuple[list[str], list[list[str]]]  # headers, rows
 RESULT_FILES = {"validate": "validate.json", "profile": "profile.json", "bench": "bench.json",
-                "sdpa": "sdpa_check.json"}
+                "sdpa": "sdpa_check.json", "backward_validate": "backward_validate.json",
+                "backward_bench": "backward_bench.json", "backward_profile": "backward_profile.json"}
 
 
 def _mib(nbytes) -> str:
@@ -170,7 +171,7 @@ def markdown(table: Table) -> str:
 
 
 def load(folder: Path) -> dict:
-    """The results saved in `folder` (any of validate, profile, bench, sdpa_check .json)."""
+    """The results saved in `folder` (any of RESULT_FILES)."""
     return {key: json.loads((Path(folder) / name).read_text()) for key, name in RESULT_FILES.items()
             if (Path(folder) / name).exists()}
 
@@ -189,6 +190,15 @@ def tables(results: dict) -> dict[str, Table]:
         out["tiles"] = tiles_table(results["bench"]["rows"])
     if "sdpa" in results:
         out["sdpa"] = sdpa_table(results["sdpa"]["checks"])
+    from simflash.backends import report_backward  # it builds on this module's helpers
+
+    if "backward_validate" in results:
+        out["backward_validate"] = report_backward.validate_table(results["backward_validate"])
+        out["backward_resources"] = report_backward.resources_table(results["backward_validate"])
+    if "backward_bench" in results:
+        out["backward_bench"] = report_backward.bench_table(results["backward_bench"]["rows"])
+    if "backward_profile" in results:
+        out["backward_profile"] = report_backward.profile_table(results["backward_profile"])
     return out
 
 

@@ -13,24 +13,33 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from simflash.backends import flash2, naive, profile, sdpa
+from simflash.backends import flash2, flash2_backward, naive, profile, sdpa
 from simflash.backends.kernels import (
+    BACKWARD_BLOCK_KV,
+    BACKWARD_BLOCK_Q,
+    BACKWARD_HEAD_DIMS,
     BLOCK_KV,
     BLOCK_Q,
     HEAD_DIMS,
     STORAGE_TYPES,
+    Flash2BackwardKernels,
     Flash2Kernel,
     SoftmaxKernel,
     kernel_source,
 )
 
 
-def test_sources_ship_as_package_data_with_includes_inlined():
-    for name, kernel in (("flash2_forward.cu", "flash2_forward"), ("naive_softmax.cu", "naive_softmax")):
-        text = kernel_source(name)
-        assert "__global__ void __launch_bounds__" in text and kernel in text
-        assert '#include "' not in text  # NVRTC sees one string
-        assert "mma.sync.aligned.m16n8k16" in text  # ptx.cuh came along
+KERNEL_SOURCES = (("flash2_forward.cu", "flash2_forward"), ("naive_softmax.cu", "naive_softmax"),
+                  ("flash2_backward_preprocess.cu", "flash2_backward_preprocess"),
+                  ("flash2_backward.cu", "flash2_backward"), ("flash2_backward_convert.cu", "flash2_backward_convert"))
+
+
+@pytest.mark.parametrize(("name", "kernel"), KERNEL_SOURCES)
+def test_sources_ship_as_package_data_with_includes_inlined(name, kernel):
+    text = kernel_source(name)
+    assert "__global__ void __launch_bounds__" in text and f" {kernel}(" in text
+    assert '#include "' not in text  # NVRTC sees one string
+    assert "mma.sync.aligned.m16n8k16" in text  # ptx.cuh came along
 
 
 def test_name_expressions_and_shared_memory_follow_the_configuration():
@@ -39,6 +48,13 @@ def test_name_expressions_and_shared_memory_follow_the_configuration():
     assert kernel.threads == 64 // 16 * 32
     assert kernel.shared_bytes == (64 + 2 * 2 * 128) * 128 * 2  # Q_i, then K_j and V_j double-buffered
     assert SoftmaxKernel("float16").name_expression == "naive_softmax<0, false>"
+    backward = Flash2BackwardKernels("bfloat16", 64, 128, 64, instrumented=True)
+    assert backward.name_expressions == ("flash2_backward_preprocess<1, 64, 64, true>",
+                                         "flash2_backward<1, 64, 128, 64, true>", "flash2_backward_convert<1, true>")
+    assert backward.threads == 128 // 16 * 32  # a warp per 16 rows of the KV tile
+    # K_j, V_j; Q_i, dO_i double-buffered; P_ij, dS_ij: 2 bytes a value
+    assert backward.shared_bytes == (2 * 128 * 64 + 4 * 64 * 64 + 2 * 64 * 128) * 2
+    assert Flash2BackwardKernels(d=128).shared_bytes == 160 * 1024  # fits the H200's 227 KiB; B_r = 128 would not
 
 
 @pytest.mark.parametrize(
@@ -50,6 +66,16 @@ def test_configurations_not_built_are_refused_naming_the_argument(change, argume
     kwargs = dict(dtype="float16", block_q=128, block_kv=64, d=64) | change
     with pytest.raises(ValueError, match=rf"^{argument} must be one of .* for the GPU kernel"):
         Flash2Kernel(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("change", "argument"),
+    [(dict(d=256), "d"), (dict(block_q=32), "block_q"), (dict(block_kv=64), "block_kv"), (dict(dtype="float32"), "dtype")],
+)
+def test_backward_configurations_not_built_are_refused_naming_the_argument(change, argument):
+    kwargs = dict(dtype="float16", block_q=64, block_kv=128, d=64) | change
+    with pytest.raises(ValueError, match=rf"^{argument} must be one of .* for the GPU kernel"):
+        Flash2BackwardKernels(**kwargs)
 
 
 def test_flash_attention_checks_inputs_before_touching_cupy(monkeypatch):
@@ -67,12 +93,36 @@ def test_flash_attention_checks_inputs_before_touching_cupy(monkeypatch):
         naive.naive_attention(q, q, q, dtype="float32")
     with pytest.raises(RuntimeError, match=r"needs CuPy.*simflash\[cuda13\]"):
         flash2.flash_attention(q, q, q)
+    with pytest.raises(ValueError, match="write_logsumexp must be True or False"):
+        flash2.flash_attention(q, q, q, write_logsumexp="yes")
+
+
+def test_flash_attention_backward_checks_inputs_before_touching_cupy(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", None)
+    rng = np.random.default_rng()
+    q = rng.standard_normal((2, 40, 64), dtype=np.float32)
+    with pytest.raises(ValueError, match=r"do must have the shape of q \(2, 40, 64\), got \(2, 40, 32\)"):
+        flash2_backward.flash_attention_backward(q, q, q, q[..., :32])
+    with pytest.raises(ValueError, match="do must be finite"):
+        flash2_backward.flash_attention_backward(q, q, q, np.full_like(q, np.nan))
+    with pytest.raises(ValueError, match="do has values beyond the range of float16"):
+        flash2_backward.flash_attention_backward(q, q, q, np.full_like(q, 1e6))
+    with pytest.raises(ValueError, match="as many heads as q"):
+        flash2_backward.flash_attention_backward(q, q[:1], q[:1], q)
+    with pytest.raises(ValueError, match="d must be one of"):
+        flash2_backward.flash_attention_backward(q[..., :48], q[..., :48], q[..., :48], q[..., :48])
+    with pytest.raises(ValueError, match="causal must be True or False"):
+        flash2_backward.flash_attention_backward(q, q, q, q, causal=1)
+    with pytest.raises(RuntimeError, match=r"needs CuPy"):
+        flash2_backward.flash_attention_backward(q, q, q, q)
 
 
 def test_the_supported_set_is_what_the_docs_promise():
     assert list(STORAGE_TYPES) == ["float16", "bfloat16"]
     assert HEAD_DIMS == (64, 128, 256) and BLOCK_Q == (64, 128) and BLOCK_KV == (32, 64, 128)
     assert 128 in BLOCK_Q and 64 in BLOCK_KV  # the simulator's default tiles are built
+    assert BACKWARD_HEAD_DIMS == (64, 128) and BACKWARD_BLOCK_Q == (64, 128) and BACKWARD_BLOCK_KV == (128,)
+    assert Flash2BackwardKernels().block_q == 64 and Flash2BackwardKernels().block_kv == 128  # the API's default
 
 
 INSTANTIATIONS = [
@@ -84,7 +134,24 @@ INSTANTIATIONS = [
 # B_c = 128 at d = 128 holds 64 fp32 scores per thread besides the 64 of a_i: ptxas spills there
 # (40 to 140 bytes); the validation records every kernel's local memory.
 SIGNATURE = ("(const storage_t*, const storage_t*, const storage_t*, storage_t*, int, int, float, int, int, "
-             "u64*, int, int, float*, float*)")
+             "u64*, int, int, float*, float*, float*)")
+# The backward's: every instantiation validated or timed, both builds. B_r = 128 at d = 128 needs 256 KiB of
+# shared memory and is refused at launch, so it is not built here.
+BACKWARD_INSTANTIATIONS = [
+    Flash2BackwardKernels(dtype, block_q, 128, d, instrumented)
+    for dtype in STORAGE_TYPES for block_q, d in ((64, 64), (64, 128), (128, 64)) for instrumented in (False, True)
+]
+BACKWARD_SIGNATURES = ("(const storage_t*, const storage_t*, float*, float*, int, u64*)",
+                       "(const storage_t*, const storage_t*, const storage_t*, const storage_t*, const float*, "
+                       "const float*, float*, storage_t*, storage_t*, int, int, float, int, int, u64*)",
+                       "(const float*, storage_t*, long long, u64*)")
+
+
+def _backward_units(source: str) -> list[str]:
+    """Explicit instantiations of one backward source for BACKWARD_INSTANTIATIONS, each once."""
+    which = ("flash2_backward_preprocess.cu", "flash2_backward.cu", "flash2_backward_convert.cu").index(source)
+    expressions = dict.fromkeys(k.name_expressions[which] for k in BACKWARD_INSTANTIATIONS)
+    return [f"template __global__ void {expression}{BACKWARD_SIGNATURES[which]};" for expression in expressions]
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed on this machine")
@@ -92,7 +159,9 @@ SIGNATURE = ("(const storage_t*, const storage_t*, const storage_t*, storage_t*,
     ("source", "instantiations"),
     [("flash2_forward.cu", [f"template __global__ void {k.name_expression}{SIGNATURE};" for k in INSTANTIATIONS]),
      ("naive_softmax.cu", [f"template __global__ void naive_softmax<{dt}, {b}>(const storage_t*, storage_t*, int, "
-                           f"int, int, int, u64*);" for dt in (0, 1) for b in ("false", "true")])],
+                           f"int, int, int, u64*);" for dt in (0, 1) for b in ("false", "true")]),
+     *((source, _backward_units(source))
+       for source in ("flash2_backward_preprocess.cu", "flash2_backward.cu", "flash2_backward_convert.cu"))],
 )
 def test_nvcc_builds_the_kernels_for_sm90_without_spills(tmp_path, source, instantiations):
     package = Path(str(importlib.resources.files("simflash.backends")))

@@ -1,5 +1,7 @@
 """GPU commands: `simflash gpu info | validate | profile | bench | sdpa-check | sanitize | report`.
 
+validate, profile and bench take --backward: the FA-2 backward kernels (dQ, dK, dV) instead of the forward.
+
 All but `report` need CuPy and an NVIDIA GPU (profile: Nsight Compute's ncu; sanitize:
 compute-sanitizer; bench and sdpa-check: PyTorch for SDPA). `report` prints the Markdown tables of
 saved results. Every number printed comes from a run or from a saved result.
@@ -18,11 +20,12 @@ from rich.table import Table
 
 from simflash.commands import make_console, user_errors
 
-gpu_app = typer.Typer(help="Run the FA-2 kernel and the naive path on a real GPU: check, profile, time.",
+gpu_app = typer.Typer(help="Run the FA-2 kernels and the naive path on a real GPU: check, profile, time.",
                       no_args_is_help=True)
 
 JSON_HELP = "Print the result as JSON instead of a table."
 SAVE_HELP = "Also write the result as JSON to this file."
+BACKWARD_HELP = "The FA-2 backward kernels (dQ, dK, dV) instead of the forward."
 
 
 def _ints(option: str, text: str) -> list[int]:
@@ -74,31 +77,34 @@ def info(as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = Fals
 @gpu_app.command()
 def validate(
     quick: Annotated[bool, typer.Option(help="A few small configurations instead of the full sweep.")] = False,
+    backward: Annotated[bool, typer.Option(help=BACKWARD_HELP + " Against float64 gradients, a naive "
+                                                "backward in the same dtype and SDPA flash.")] = False,
     seed: Annotated[int | None, typer.Option(help="Input seed (default: fresh, and recorded).", min=0)] = None,
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
     save: Annotated[Path | None, typer.Option(help=SAVE_HELP)] = None,
 ) -> None:
     """Kernel vs float64 reference vs simulator on the same inputs: errors, exact bytes, m/l trace."""
-    from simflash.backends import report
-    from simflash.backends import validate as checks
+    from simflash.backends import report, report_backward
+    from simflash.backends import validate as forward_checks
+    from simflash.backends import validate_backward as backward_checks
     from simflash.backends.kernels import device_info
 
+    checks = backward_checks if backward else forward_checks
     with user_errors():
         device = device_info()
         configs = checks.default_configs(quick)
         console = make_console(stderr=True)
-        result = checks.validate(configs, seed, progress=None if as_json else
-                                 lambda r: console.print(("ok  " if r["ok"] else "FAIL ") + _label(r["config"])))
+        result = checks.validate(configs, seed, progress=None if as_json else lambda r: console.print(
+            ("ok  " if r["ok"] else "FAIL ") + type(configs[0])(**r["config"]).label))
     result = {"command": _command_line(), "device": device, **result}
-    _emit(result, as_json, save, [("GPU vs float64 reference vs simulator", report.validate_table(result))])
+    if backward:
+        tables = [("GPU backward vs float64 vs naive vs SDPA flash", report_backward.validate_table(result)),
+                  ("backward kernels", report_backward.resources_table(result))]
+    else:
+        tables = [("GPU vs float64 reference vs simulator", report.validate_table(result))]
+    _emit(result, as_json, save, tables)
     if not result["all_ok"]:
         raise typer.Exit(1)
-
-
-def _label(config: dict) -> str:
-    from simflash.backends.validate import CheckConfig
-
-    return CheckConfig(**config).label
 
 
 @gpu_app.command()
@@ -107,6 +113,8 @@ def profile(
     d: Annotated[int, typer.Option(help="Head dim.")] = 128,
     heads: Annotated[str, typer.Option(help="Head count(s), comma-separated.", metavar="<int>[,<int>...]")] = "32",
     causal: Annotated[bool, typer.Option(help="Causal mask (upper_left; n_q = n_kv).")] = False,
+    both_masks: Annotated[bool, typer.Option(help="Profile without and with the causal mask.")] = False,
+    backward: Annotated[bool, typer.Option(help=BACKWARD_HELP + " Beside SDPA flash's FA-2 backward kernels.")] = False,
     naive_max_n: Annotated[int, typer.Option(help="Profile the naive path only up to this N (S, P grow as N^2).")] = 8192,
     sweep: Annotated[bool, typer.Option(help="Profile the docs' sweep (heads 1..64, N 1024..16384, causal) "
                                              "instead of --n/--heads/--causal.")] = False,
@@ -121,15 +129,30 @@ def profile(
     from simflash.backends.profile import ProfileConfig, sweep_configs
     from simflash.backends.profile import profile as run_profile
 
+    if sweep and backward:
+        raise typer.BadParameter("the sweep is the forward's; profile the backward at --n/--heads", param_hint="--sweep")
+    masks = (False, True) if both_masks else (causal,)
     with user_errors():
-        configs = sweep_configs(d) if sweep else [
-            ProfileConfig(n=size, d=d, heads=h, causal=causal, naive=size <= naive_max_n)
-            for h in _ints("heads", heads) for size in _ints("n", n)]
         device = device_info()
-        result = {"command": _command_line(), "device": device, **run_profile(configs, seed, raw_csv)}
-    _emit(result, as_json, save, [("bytes per kernel (ncu, caches flushed before each kernel)",
-                                   report.profile_table(result)),
-                                  ("physical over logical", report.sweep_table(result))])
+        if backward:
+            from simflash.backends import report_backward, profile_backward
+
+            configs = [profile_backward.BackwardProfileConfig(size, d, h, mask)
+                       for h in _ints("heads", heads) for size in _ints("n", n) for mask in masks]
+            result = {"command": _command_line(), "device": device,
+                      **profile_backward.profile(configs, seed, raw_csv)}
+        else:
+            configs = sweep_configs(d) if sweep else [
+                ProfileConfig(n=size, d=d, heads=h, causal=mask, naive=size <= naive_max_n)
+                for h in _ints("heads", heads) for size in _ints("n", n) for mask in masks]
+            result = {"command": _command_line(), "device": device, **run_profile(configs, seed, raw_csv)}
+    if backward:
+        tables = [("backward bytes per kernel, ours and SDPA's FA-2 (ncu, caches flushed before each kernel)",
+                   report_backward.profile_table(result))]
+    else:
+        tables = [("bytes per kernel (ncu, caches flushed before each kernel)", report.profile_table(result)),
+                  ("physical over logical", report.sweep_table(result))]
+    _emit(result, as_json, save, tables)
 
 
 @gpu_app.command()
@@ -163,7 +186,10 @@ def bench(
     d: Annotated[str, typer.Option(help="Head dims, comma-separated.", metavar="<int>[,<int>...]")] = "64,128",
     heads: Annotated[int, typer.Option(help="Heads (batch 1).")] = 32,
     causal: Annotated[str, typer.Option(help="no, yes or both.")] = "both",
-    tiles: Annotated[str, typer.Option(help="FA-2 tile shapes B_rxB_c to time; the first is the headline.")] = "128x64",
+    tiles: Annotated[str | None, typer.Option(help="FA-2 tile shapes B_rxB_c to time; the first is the headline "
+                                                   "(default: 128x64; with --backward 64x128).")] = None,
+    backward: Annotated[bool, typer.Option(help=BACKWARD_HELP + " Our three kernels' total time against "
+                                                "SDPA flash's backward.")] = False,
     naive_max_n: Annotated[int, typer.Option(help="Time the naive path only up to this N.")] = 16384,
     math_max_n: Annotated[int, typer.Option(help="Compare against SDPA's math backend only up to this N.")] = 4096,
     dram_from: Annotated[Path | None, typer.Option(help="A saved `gpu profile --save` result: DRAM bytes / time "
@@ -181,10 +207,14 @@ def bench(
     masks = {"no": (False,), "yes": (True,), "both": (False, True)}
     if causal not in masks:
         raise typer.BadParameter(f"expected one of {list(masks)}, got {causal!r}", param_hint="--causal")
+    tiles = tiles or ("64x128" if backward else "128x64")
     try:
         shapes = tuple(tuple(int(x) for x in shape.split("x")) for shape in tiles.split(","))
     except ValueError:
         raise typer.BadParameter(f"expected shapes like 128x64,64x64, got {tiles!r}", param_hint="--tiles") from None
+    if backward:
+        _bench_backward(n, d, heads, masks[causal], shapes, seed, as_json, save)
+        return
     with user_errors():
         dram = dram_by_config(json.loads(dram_from.read_text())) if dram_from is not None else {}
         configs = [BenchConfig(size, dim, heads, mask) for dim in _ints("d", d) for size in _ints("n", n)
@@ -202,6 +232,30 @@ def bench(
     result = {"command": _command_line(), "device": device, "rows": rows}
     _emit(result, as_json, save, [("FA-2 kernel vs SDPA flash, fp16, B=1", report.bench_table(rows)),
                                   ("FA-2 by tile shape", report.tiles_table(rows))])
+
+
+def _bench_backward(n: str, d: str, heads: int, masks: tuple[bool, ...], shapes: tuple, seed: int, as_json: bool,
+                    save: Path | None) -> None:
+    """`gpu bench --backward`: our three backward kernels against SDPA flash's backward."""
+    from simflash.backends import report_backward
+    from simflash.backends.bench_backward import BackwardBenchConfig, bench
+    from simflash.backends.kernels import device_info
+
+    with user_errors():
+        configs = [BackwardBenchConfig(size, dim, heads, mask) for dim in _ints("d", d) for size in _ints("n", n)
+                   for mask in masks]
+        device = device_info()
+        console = make_console(stderr=True)
+
+        def progress(row: dict) -> None:
+            c, ours = row["config"], next(iter(row["ours"].values()))
+            console.print(f"backward N={c['n']} d={c['d']} causal={c['causal']}: "
+                          f"{ours.get('tflops', 0.0):.1f} TFLOP/s, {row.get('ratio_vs_sdpa_flash', 0.0):.2f}x SDPA flash")
+
+        rows = bench(configs, seed, progress=None if as_json else progress, tiles=shapes)
+    result = {"command": _command_line(), "device": device, "rows": rows}
+    _emit(result, as_json, save, [("FA-2 backward (our three kernels) vs SDPA flash backward, fp16, B=1",
+                                   report_backward.bench_table(rows))])
 
 
 @gpu_app.command("sdpa-check")
