@@ -1,6 +1,7 @@
 """The GPU kernels on a real GPU, fresh random inputs each run: output vs float64 reference (and
 FlashAttention's 2x-naive rule), counted bytes vs the simulator and the closed form, m/l trace vs
-the simulator, the naive three-kernel path. Skipped where CuPy or an NVIDIA GPU is missing."""
+the simulator, the naive three-kernel path; the backward's gradients vs float64 (the same rule, and
+SDPA flash's), its counted bytes vs the ledger. Skipped where CuPy or an NVIDIA GPU is missing."""
 
 from __future__ import annotations
 
@@ -9,8 +10,18 @@ import pytest
 
 import simflash as sf
 from simflash.backends import flash2, naive
+from simflash.backends.flash2_backward import flash_attention_backward
 from simflash.backends.kernels import gpu_available
-from simflash.numerics import reference_attention, relative_error, within_tolerance
+from simflash.backends.validate_backward import (
+    BackwardConfig,
+    defined_traffic,
+    gradient_atol,
+    model_traffic,
+    naive_backward,
+    reference_backward,
+    sdpa_gradients,
+)
+from simflash.numerics import max_abs_error, reference_attention, relative_error, upcast, within_tolerance
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu_available(), reason="needs CuPy and an NVIDIA GPU")]
 
@@ -96,3 +107,62 @@ def test_sdpa_check_sees_the_fused_flash_kernel():
     verdicts = {entry["backend"]: entry["verdict"] for entry in result["backends"]}
     assert verdicts["FLASH_ATTENTION"] == "fused" and verdicts["MATH"] == "math"
     assert all(verdict != "FALLBACK TO MATH" for verdict in verdicts.values())
+
+
+BACKWARD_CASES = [  # n_q, n_kv, d, causal, causal_variant, dtype, block_q
+    (1, 1, 64, False, "upper_left", "float16", 64),
+    (200, 200, 64, True, "upper_left", "float16", 64),
+    (333, 100, 128, True, "lower_right", "bfloat16", 64),  # early query rows see no key
+    (100, 333, 128, True, "upper_left", "float16", 64),  # late KV tiles seen by no query tile
+    (300, 777, 64, False, "upper_left", "bfloat16", 128),
+]
+
+
+@pytest.mark.parametrize(("n_q", "n_kv", "d", "causal", "variant", "dtype", "block_q"), BACKWARD_CASES)
+def test_backward_kernels_match_float64_within_the_2x_naive_rule_and_count_the_ledger(
+        rng, n_q, n_kv, d, causal, variant, dtype, block_q):
+    q, k, v = _inputs(rng, 2, n_q, n_kv, d)
+    do = rng.standard_normal(q.shape, dtype=np.float32)
+    common = dict(causal=causal, causal_variant=variant, dtype=dtype)
+    run = flash_attention_backward(q, k, v, do, block_q, 128, **common)
+    _, *ref = reference_backward(q, k, v, do, **common)
+    naive = naive_backward(q, k, v, do, **common)
+    atol = gradient_atol(upcast(v, dtype), upcast(do, dtype))
+    for name, mine, theirs, exact in zip(("dq", "dk", "dv"), (run.dq, run.dk, run.dv), naive, ref):
+        assert np.isfinite(mine.astype(np.float32)).all(), name
+        assert max_abs_error(mine, exact) <= 2 * max_abs_error(theirs, exact) + atol, name
+    assert run.traffic == defined_traffic(n_q, n_kv, d, block_q, 128, dtype, causal, variant, heads=2)
+    model = model_traffic(BackwardConfig(n_q, n_kv, d, 2, causal, variant, dtype, block_q))
+    assert model is None or run.traffic == model
+    sim = sf.flash_attention(q, k, v, 128, 64, **common, write_logsumexp=True, trace="none")
+    assert run.forward.traffic == sim.traffic
+    np.testing.assert_allclose(run.forward.logsumexp, sim.logsumexp, rtol=1e-4)  # +inf where a row sees no key
+
+
+def test_backward_timed_build_writes_the_same_dk_dv_and_counts_nothing(rng):
+    q, k, v = _inputs(rng, 3, 257, 190, 64)
+    do = rng.standard_normal(q.shape, dtype=np.float32)
+    counted = flash_attention_backward(q, k, v, do, causal=True, causal_variant="lower_right")
+    timed = flash_attention_backward(q, k, v, do, causal=True, causal_variant="lower_right", instrumented=False)
+    # each CTA owns its KV tile: dK, dV bit for bit; dQ is summed by atomics in no fixed order
+    assert np.array_equal(counted.dk.view(np.uint16), timed.dk.view(np.uint16))
+    assert np.array_equal(counted.dv.view(np.uint16), timed.dv.view(np.uint16))
+    np.testing.assert_allclose(counted.dq.astype(np.float32), timed.dq.astype(np.float32), rtol=1e-2, atol=1e-3)
+    assert timed.traffic is None and counted.traffic.total_bytes > 0
+
+
+@pytest.mark.parametrize(("causal", "dtype"), [(False, "float16"), (True, "bfloat16")])
+def test_backward_kernels_agree_with_sdpa_flash_backward(rng, causal, dtype):
+    pytest.importorskip("torch")
+    q, k, v = _inputs(rng, 2, 512, 512, 128)
+    do = rng.standard_normal(q.shape, dtype=np.float32)
+    common = dict(causal=causal, dtype=dtype)
+    run = flash_attention_backward(q, k, v, do, **common)
+    sdpa = sdpa_gradients(q, k, v, do, causal, 1 / np.sqrt(128), dtype)
+    _, *ref = reference_backward(q, k, v, do, **common)
+    naive = naive_backward(q, k, v, do, **common)
+    atol = gradient_atol(upcast(v, dtype), upcast(do, dtype))
+    for mine, theirs, slow, exact in zip((run.dq, run.dk, run.dv), sdpa, naive, ref):
+        bound = 2 * max_abs_error(slow, exact) + atol
+        # ours within the rule, and SDPA's within twice its slack of ours
+        assert max_abs_error(mine, exact) <= bound and max_abs_error(mine, theirs) <= 2 * bound
