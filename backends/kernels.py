@@ -191,10 +191,13 @@ def _backward_functions(kernels: Flash2BackwardKernels):
     if capability < BACKWARD_MIN_COMPUTE_CAPABILITY:
         raise ValueError(f"the backward kernels need compute capability {BACKWARD_MIN_COMPUTE_CAPABILITY // 10}.0 "
                          f"or newer (stmatrix, vector atomics); this GPU is {capability // 10}.{capability % 10}")
+    what = f"flash2_backward with block_q={kernels.block_q}, block_kv={kernels.block_kv}, d={kernels.d}"
+    if kernels.shared_bytes > device_shared_bytes():  # refused before compiling what cannot launch
+        raise ValueError(f"{what} needs {kernels.shared_bytes} bytes of shared memory per CTA; this GPU allows "
+                         f"{device_shared_bytes()}: choose smaller tiles (supported: {supported()})")
     preprocess, main, convert = (compiled(name, expression) for name, expression in zip(
         ("flash2_backward_preprocess.cu", "flash2_backward.cu", "flash2_backward_convert.cu"),
         kernels.name_expressions))
-    what = f"flash2_backward with block_q={kernels.block_q}, block_kv={kernels.block_kv}, d={kernels.d}"
     return preprocess, _fit_shared(main, kernels.shared_bytes, what), convert
 
 

@@ -33,7 +33,7 @@ def validate_table(result: dict) -> Table:
             _yes(all(g["within_fa_rule"] for r in records for g in r["gradients"].values())),
             _yes(all(r["traffic"]["equals_definition"] for r in records)),
             "–" if all(m is None for m in models) else _yes(all(m is True for m in models)),
-            _yes(all(r["forward"]["traffic_equals_simulator"] and r["forward"]["logsumexp_same_infinities"]
+            _yes(all(r["forward"]["traffic_equals_model"] and r["forward"]["logsumexp_same_infinities"]
                      for r in records)),
             _yes(all(r["timed"]["dk_dv_equal_instrumented"] and r["timed"]["dq_within_fa_rule"] for r in records)),
         ])

@@ -125,7 +125,7 @@ def test_backward_kernels_match_float64_within_the_2x_naive_rule_and_count_the_l
     do = rng.standard_normal(q.shape, dtype=np.float32)
     common = dict(causal=causal, causal_variant=variant, dtype=dtype)
     run = flash_attention_backward(q, k, v, do, block_q, 128, **common)
-    _, *ref = reference_backward(q, k, v, do, **common)
+    _, _, *ref = reference_backward(q, k, v, do, **common)
     naive = naive_backward(q, k, v, do, **common)
     atol = gradient_atol(upcast(v, dtype), upcast(do, dtype))
     for name, mine, theirs, exact in zip(("dq", "dk", "dv"), (run.dq, run.dk, run.dv), naive, ref):
@@ -159,7 +159,7 @@ def test_backward_kernels_agree_with_sdpa_flash_backward(rng, causal, dtype):
     common = dict(causal=causal, dtype=dtype)
     run = flash_attention_backward(q, k, v, do, **common)
     sdpa = sdpa_gradients(q, k, v, do, causal, 1 / np.sqrt(128), dtype)
-    _, *ref = reference_backward(q, k, v, do, **common)
+    _, _, *ref = reference_backward(q, k, v, do, **common)
     naive = naive_backward(q, k, v, do, **common)
     atol = gradient_atol(upcast(v, dtype), upcast(do, dtype))
     for mine, theirs, slow, exact in zip((run.dq, run.dk, run.dv), sdpa, naive, ref):

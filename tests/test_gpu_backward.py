@@ -39,7 +39,7 @@ def test_the_float64_gradients_are_those_of_central_differences(causal, variant,
     def loss(q_, k_, v_):  # <O, dO>: its gradient in (q, k, v) is (dq, dk, dv)
         return float((reference_backward(q_, k_, v_, do, causal, variant, dtype="float32")[0] * do).sum())
 
-    _, *grads = reference_backward(q, k, v, do, causal, variant, dtype="float32")
+    _, _, *grads = reference_backward(q, k, v, do, causal, variant, dtype="float32")
     eps = 2.0**-10  # float32 holds x + eps exactly for these x: the reference rounds its inputs to float32
     for which, grad in enumerate(grads):
         for index in [(0, 0, 0), (1, min(grad.shape[1], 5) - 1, 3), (1, grad.shape[1] - 1, 7)]:
@@ -54,18 +54,28 @@ def test_the_float64_gradients_are_those_of_central_differences(causal, variant,
 def test_rows_that_see_no_key_get_zero_gradients_and_no_nan():
     rng = np.random.default_rng(1)
     q, k, v, do = _inputs(rng, 1, 40, 10, 16)  # lower-right: rows 0..29 see no key
-    O, dq, dk, dv = reference_backward(q, k, v, do, True, "lower_right", dtype="float32")
+    O, L, dq, dk, dv = reference_backward(q, k, v, do, True, "lower_right", dtype="float32")
     assert not np.isnan(dq).any() and not np.isnan(dk).any() and not np.isnan(dv).any()
     assert np.array_equal(O[0, :30], np.zeros((30, 16))) and np.array_equal(dq[0, :30], np.zeros((30, 16)))
+    assert np.isposinf(L[0, :30]).all() and np.isfinite(L[0, 30:]).all()
     naive = naive_backward(q, k, v, do, True, "lower_right", dtype="float16")
     assert np.array_equal(naive[0][0, :30], np.zeros((30, 16), dtype=np.float32))
+
+
+def test_the_float64_logsumexp_is_the_simulator_s_forward_s():
+    rng = np.random.default_rng(2)
+    q, k, v, do = (x.astype(np.float32) for x in _inputs(rng, 2, 150, 70, 64))
+    for causal, variant in MASKS:
+        _, L, *_ = reference_backward(q, k, v, do, causal, variant, dtype="bfloat16")
+        sim = sf.flash_attention(q, k, v, 128, 64, causal, variant, dtype="bfloat16", write_logsumexp=True, trace="none")
+        np.testing.assert_allclose(sim.logsumexp, L, rtol=1e-5)  # +inf in the same rows
 
 
 @pytest.mark.parametrize(("dtype", "worst"), [("float16", 2e-2), ("bfloat16", 2e-1)])
 def test_the_naive_backward_errs_by_its_dtype_s_rounding(dtype, worst):
     rng = np.random.default_rng(3)
     q, k, v, do = _inputs(rng, 2, 200, 150, 64)
-    _, *ref = reference_backward(q, k, v, do, True, "upper_left", dtype=dtype)
+    _, _, *ref = reference_backward(q, k, v, do, True, "upper_left", dtype=dtype)
     for naive, exact in zip(naive_backward(q, k, v, do, True, "upper_left", dtype=dtype), ref):
         error = max_abs_error(naive, exact)
         assert 0 < error < worst * np.abs(exact).max()
@@ -175,7 +185,7 @@ def _record(config: BackwardConfig, error: float) -> dict:
     gradient = {"gpu": error, "naive_same_dtype": 2 * error, "atol": 0.0, "relative_gpu": error, "within_fa_rule": True}
     return {"config": attrs.asdict(config), "gradients": {g: dict(gradient) for g in ("dq", "dk", "dv")},
             "traffic": {"equals_definition": True, "equals_model": None},
-            "forward": {"traffic_equals_simulator": True, "logsumexp_same_infinities": True},
+            "forward": {"traffic_equals_model": True, "logsumexp_same_infinities": True},
             "timed": {"dk_dv_equal_instrumented": True, "dq_within_fa_rule": True},
             "resources": [{"kernel": "flash2_backward<0, 64, 128, 64, true>", "threads": 256, "registers": 228,
                            "local_bytes": 0, "shared_bytes": 98432}]}

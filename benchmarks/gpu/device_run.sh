@@ -1,12 +1,15 @@
 #!/bin/bash
 # Everything the GPU evidence needs, in one call on the GPU machine (run from the repo root):
-#   bash benchmarks/gpu/device_run.sh [full|smoke]
+#   bash benchmarks/gpu/device_run.sh [full|smoke|backward]
 # Installs simflash, then: gpu info, quick validation (a failure stops the run after a diagnosis),
 # the GPU tests, full validation, compute-sanitizer, the Nsight Compute sweep, the bench against SDPA, sdpa-check.
 # Results go to $OUT (or ./gpu-out): validate.json, sanitizer.txt, profile.json, profile_ncu.csv,
 # bench.json, sdpa_check.json, device_log.txt. smoke: every step once, on a few configurations.
+# backward: the backward kernels alone: backward_validate.json, pytest_gpu_backward.txt, backward_bench.json,
+# backward_profile.json, backward_profile_ncu.csv, device_log_backward.txt.
 set -u -o pipefail
 mode=${1:-full}
+if [ "$mode" = backward ]; then exec bash "$(dirname "$0")/device_run_backward.sh"; fi
 out=${OUT:-gpu-out}
 mkdir -p "$out"
 log="$out/device_log.txt"
