@@ -21,18 +21,18 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >>"$log" 2>&1 || {
 } 2>&1 | tee -a "$log"
 
 step validate backward
-timeout 140 python3 -c "from simflash.cli import main; main()" gpu validate --backward \
+timeout 120 python3 -c "from simflash.cli import main; main()" gpu validate --backward \
   --save "$out/backward_validate.json" 2>&1 | grep -v "^ok " | tail -40 | tee -a "$log"
 echo "validate exit ${PIPESTATUS[0]}" | tee -a "$log"
 step bench backward
-timeout 70 python3 -c "from simflash.cli import main; main()" gpu bench --backward --n 1024,2048,4096,8192,16384 \
+timeout 60 python3 -c "from simflash.cli import main; main()" gpu bench --backward --n 1024,2048,4096,8192,16384 \
   --d 64,128 --tiles 64x128,128x128 --save "$out/backward_bench.json" 2>&1 | tail -30 | tee -a "$log"
 echo "bench exit ${PIPESTATUS[0]}" | tee -a "$log"
 step profile backward
-timeout 80 python3 -c "from simflash.cli import main; main()" gpu profile --backward --n 4096 --d 128 --heads 32 \
+timeout 75 python3 -c "from simflash.cli import main; main()" gpu profile --backward --n 4096 --d 128 --heads 32 \
   --both-masks --raw-csv "$out/backward_profile_ncu.csv" --save "$out/backward_profile.json" 2>&1 | tail -30 | tee -a "$log"
 echo "profile exit ${PIPESTATUS[0]}" | tee -a "$log"
 step pytest gpu backward
-timeout 30 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py -k backward 2>&1 | tail -15 \
+timeout 25 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py -k backward 2>&1 | tail -15 \
   | tee "$out/pytest_gpu_backward.txt" | tee -a "$log"
 step done
