@@ -3,6 +3,8 @@ as the CLI prints them and docs/gpu.md carries them. Pure Python: it reads resul
 
 from __future__ import annotations
 
+import re
+
 from simflash.backends.report import Table, _mask, _mib, _ratio, _yes
 
 GRADIENTS = ("dq", "dk", "dv")
@@ -69,7 +71,7 @@ def bench_table(rows_in: list[dict]) -> Table:
 
 def profile_table(result: dict) -> Table:
     """Per kernel: the ledger at its tiles, what it counted, what DRAM and L2 did, its time."""
-    headers = ["config", "who", "kernel", "tiles", "logical MiB", "instrumented MiB", "DRAM read MiB",
+    headers = ["config", "who", "kernel", "ledger kernel", "tiles", "logical MiB", "instrumented MiB", "DRAM read MiB",
                "DRAM write MiB", "DRAM/logical", "L2 (all units) MiB", "time µs"]
     rows = []
     for entry in result["configs"]:
@@ -77,8 +79,9 @@ def profile_table(result: dict) -> Table:
         label = f"N={c['n']} d={c['d']} H={c['heads']} {'causal' if c['causal'] else 'full'}"
         for k in entry["kernels"]:
             dram = k.get("dram_read_bytes", 0) + k.get("dram_write_bytes", 0)
-            rows.append([label, "ours" if k["side"] == "ours" else "SDPA FA-2", k["kernel"] or k["name"][:40],
-                         k["tiles"] or "–", _mib(k["logical_bytes"]), _mib(k["instrumented_bytes"]),
+            short = re.sub(r"^void\s+", "", k["name"]).split("<")[0].split("::")[-1]  # no namespace, no template
+            rows.append([label, "ours" if k["side"] == "ours" else "SDPA FA-2", short, k["kernel"] or "–",
+                         k["tiles"] if k["kernel"] else "–", _mib(k["logical_bytes"]), _mib(k["instrumented_bytes"]),
                          _mib(k.get("dram_read_bytes")), _mib(k.get("dram_write_bytes")),
                          _ratio(dram, k["logical_bytes"]), _mib(k.get("l2_all_bytes")),
                          f"{k['time_ns'] / 1e3:,.1f}" if "time_ns" in k else "–"])

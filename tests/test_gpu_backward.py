@@ -4,12 +4,15 @@ kernels and SDPA's, and the tables. No GPU needed."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import attrs
 import numpy as np
 import pytest
 
 import simflash as sf
-from simflash.backends import profile, profile_backward, report_backward
+from simflash.backends import profile, profile_backward, report_backward, validate_backward
 from simflash.backends.bench_backward import BackwardBenchConfig
 from simflash.backends.validate_backward import (
     MASKS,
@@ -21,7 +24,7 @@ from simflash.backends.validate_backward import (
     reference_backward,
 )
 from simflash.config import MiB
-from simflash.memory import Flow
+from simflash.memory import Flow, Traffic
 from simflash.numerics import max_abs_error
 
 
@@ -167,8 +170,10 @@ def test_the_profile_splits_ours_from_sdpa_s_kernels_and_reads_fa2_s_tiles_off_t
     assert rows[0]["dram_read_bytes"] == 2097152 and rows[0]["time_ns"] == 1000
     table = report_backward.profile_table({"configs": [{"config": {"n": 4096, "d": 128, "heads": 32, "causal": False},
                                                         "kernels": rows}]})
-    assert table[1][0][:4] == ["N=4096 d=128 H=32 full", "ours", "flash2_backward_preprocess", "64x128"]
-    assert table[1][0][4] == f"{logical['flash2_backward_preprocess'].total_bytes / MiB:,.2f}"
+    assert table[1][0][:5] == ["N=4096 d=128 H=32 full", "ours", "flash2_backward_preprocess",
+                               "flash2_backward_preprocess", "64x128"]
+    assert table[1][0][5] == f"{logical['flash2_backward_preprocess'].total_bytes / MiB:,.2f}"
+    assert table[1][4][2:5] == ["flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel", "flash2_backward", "64x128"]
     with pytest.raises(RuntimeError, match="expected 1 runs of flash2_backward_preprocess"):
         profile_backward.split_kernels(kernels, configs[:1])
 
@@ -200,3 +205,74 @@ def test_the_validation_table_groups_masks_and_says_what_held():
     assert rows[0][headers.index("2x rule")] == "yes" and rows[0][headers.index("bytes = model")] == "–"
     assert report_backward.resources_table({"records": records})[1] == [
         ["flash2_backward<0, 64, 128, 64, true>", "256", "228", "0", "98432"]]
+
+
+# -- the committed H200 results (benchmarks/gpu/backward_*.json) against today's checks and definitions
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu"
+
+
+def _load(name: str) -> dict:
+    return json.loads((RESULTS / name).read_text())
+
+
+def test_every_backward_validation_record_passes_today_s_checks_and_covers_the_grid():
+    result = _load("backward_validate.json")
+    assert result["device"]["name"] == "NVIDIA H200" and result["command"].startswith("simflash gpu validate --backward")
+    assert result["all_ok"] and all(validate_backward.passed(r) for r in result["records"])
+    assert all(case["refused"] and case["case"].split("=")[0] in case["message"] for case in result["refusals"])
+    configs = [r["config"] for r in result["records"]]
+    square = {(c["n_q"], c["d"], c["causal"], c["causal_variant"], c["dtype"]) for c in configs if c["n_q"] == c["n_kv"]}
+    assert square >= {(n, d, *mask, dtype) for n in (1, 17, 128, 1000) for d in (64, 128) for mask in MASKS
+                      for dtype in ("float16", "bfloat16")}
+    assert any(c["n_q"] < c["n_kv"] for c in configs) and any(c["n_q"] > c["n_kv"] for c in configs)
+    assert {(c["block_q"], c["block_kv"]) for c in configs} == {(64, 128), (128, 128)}
+    assert sum(r["sdpa"] == "ran" for r in result["records"]) >= 40
+    assert all(k["local_bytes"] == 0 for r in result["records"] for k in r["resources"])  # no spills
+
+
+def test_backward_counted_bytes_equal_the_definition_recomputed_now():
+    for record in _load("backward_validate.json")["records"]:
+        c = record["config"]
+        counted = Traffic({(kernel, tensor): Flow(read, write) for kernel, tensor, read, write in record["traffic"]["instrumented"]})
+        assert counted == defined_traffic(c["n_q"], c["n_kv"], c["d"], c["block_q"], c["block_kv"], c["dtype"], c["causal"],
+                                          c["causal_variant"], c["heads"]), c
+        model = model_traffic(BackwardConfig(**c))
+        assert model is None or counted == model, c
+
+
+def test_backward_bench_rows_are_consistent_and_meet_half_of_sdpa_s_speed():
+    result = _load("backward_bench.json")
+    grid = set()
+    for row in result["rows"]:
+        c = row["config"]
+        grid.add((c["n"], c["d"], c["causal"]))
+        assert row["flops"] == 10 * 32 * c["n"] ** 2 * c["d"] // (2 if c["causal"] else 1)
+        for timing in (row["ours"]["64x128"], row["sdpa_flash"]):
+            assert timing["tflops"] == pytest.approx(row["flops"] / (timing["ms"] / 1e3) / 1e12, rel=1e-9)
+            assert timing["min_ms"] <= timing["ms"] <= timing["max_ms"]
+        assert row["ratio_vs_sdpa_flash"] >= 0.5
+        logical = defined_traffic(c["n"], c["n"], c["d"], 64, 128, "float16", c["causal"], heads=32).total_bytes
+        assert row["ours"]["64x128"]["logical_bandwidth"]["bytes"] == logical
+    assert grid == {(n, d, causal) for n in (1024, 2048, 4096, 8192, 16384) for d in (64, 128) for causal in (False, True)}
+
+
+def test_backward_profile_counts_are_the_ledger_s_at_each_side_s_tiles():
+    result = _load("backward_profile.json")
+    assert result["ncu_command"].startswith("ncu --clock-control none --cache-control all")
+    assert (RESULTS / "backward_profile_ncu.csv").read_text().count("flash_bwd_dq_dk_dv") >= 2 * 4  # 4 metrics each
+    for entry in result["configs"]:
+        c = entry["config"]
+        logical = defined_traffic(c["n"], c["n"], c["d"], c["block_q"], c["block_kv"], "float16", c["causal"],
+                                  heads=c["heads"]).by_kernel
+        rows = entry["kernels"]
+        assert [r["kernel"] for r in rows if r["side"] == "ours"] == list(profile_backward.OURS)
+        assert {r["kernel"] for r in rows if r["side"] == "sdpa_flash"} >= set(profile_backward.OURS)
+        for r in rows:
+            if r["kernel"] is not None:
+                assert r["logical_bytes"] == logical[r["kernel"]].total_bytes  # FA-2 at d = 128 uses 64 x 128 too
+            if r["side"] == "ours":
+                assert r["instrumented_bytes"] == r["logical_bytes"]
+        main = next(r for r in rows if r["side"] == "ours" and r["kernel"] == "flash2_backward")
+        # compulsory: Q, K, V and dO read from DRAM at least once each
+        assert main["dram_read_bytes"] >= 4 * c["heads"] * c["n"] * c["d"] * 2
