@@ -15,31 +15,23 @@ import attrs
 import numpy as np
 
 import simflash as sf
-from simflash.backends.bench import _torch, time_ms
+from simflash.backends.bench import BenchConfig, _torch, time_ms
 from simflash.backends.flash2 import launch, poisoned_output
 from simflash.backends.flash2_backward import FORWARD_TILES, BackwardBuffers, launch_backward
 from simflash.backends.kernels import Flash2BackwardKernels, Flash2Kernel, import_cupy
 from simflash.backends.validate_backward import defined_traffic
 from simflash.schedule import TileSchedule
 
-BENCH_N = (1024, 2048, 4096, 8192, 16384)
-BENCH_D = (64, 128)
-BENCH_HEADS = 32
 DTYPE = "float16"
 COMPARE_MAX_N = 4096  # compare our gradients with SDPA's up to this N
 
 
 @attrs.frozen
-class BackwardBenchConfig:
-    n: int
-    d: int
-    heads: int = BENCH_HEADS
-    causal: bool = False
-
+class BackwardBenchConfig(BenchConfig):
     @property
     def flops(self) -> int:
-        full = 10 * self.heads * self.n * self.n * self.d
-        return full // 2 if self.causal else full
+        """2.5x the forward's: five products of 2 N^2 d per head against two."""
+        return super().flops * 5 // 2
 
 
 def sdpa_backward(q, k, v, dO, causal: bool, scale: float):

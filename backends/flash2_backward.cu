@@ -36,6 +36,27 @@ struct LaneTile {
   }
 };
 
+// acc = rows row0..row0 + 15 of A times (this lane's strip of B)^T, both shared tiles of d columns, for
+// one warp: S_ij = Q_i K_j^T and dP_ij = dO_i V_j^T, (16, 8 N) in fp32.
+template <int DT, int N, int d>
+static __device__ __forceinline__ void mma_a_bt(float (&acc)[N][4], u32 A, int row0, u32 B, const LaneTile<d>& a_at,
+                                                const LaneTile<d>& b_at) {
+#pragma unroll
+  for (int n = 0; n < N; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < d / 16; ++kk) {
+    u32 a[4];  // A rows row0.., columns 16kk..16kk+15
+    ldmatrix_x4(a, A + a_at.at(row0, 2 * kk));
+#pragma unroll
+    for (int n = 0; n < N; n += 2) {
+      u32 b[4];  // B rows 8n..8n+15 of the strip, columns 16kk..16kk+15
+      ldmatrix_x4(b, B + b_at.at(n * 8, 2 * kk));
+      Storage<DT>::mma(acc[n], a, b[0], b[1]);
+      Storage<DT>::mma(acc[n + 1], a, b[2], b[3]);
+    }
+  }
+}
+
 template <int DT, int B_r, int B_c, int d, bool INSTRUMENTED>
 __global__ void __launch_bounds__(B_c / 16 * 32) flash2_backward(
     const storage_t* __restrict__ Q,   // (H, n_q, d)
@@ -156,33 +177,11 @@ __global__ void __launch_bounds__(B_c / 16 * 32) flash2_backward(
 
     // -- S_ij = Q_i K_j^T   (16, B_c / STRIPS) per warp, fp32
     float S_ij[NS][4];
-#pragma unroll
-    for (int n = 0; n < NS; ++n) S_ij[n][0] = S_ij[n][1] = S_ij[n][2] = S_ij[n][3] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < d / 16; ++kk) {
-      u32 a[4];  // Q_i rows 16 warp_m.., columns 16kk..16kk+15
-      ldmatrix_x4(a, Q_i + QdO.at(warp_m * 16, 2 * kk));
-#pragma unroll
-      for (int n = 0; n < NS; n += 2) {
-        u32 b[4];  // K_j rows strip + 8n..+15, columns 16kk..16kk+15
-        ldmatrix_x4(b, K_s + KV_b.at(n * 8, 2 * kk));
-        St::mma(S_ij[n], a, b[0], b[1]);
-        St::mma(S_ij[n + 1], a, b[2], b[3]);
-      }
-    }
+    mma_a_bt<DT>(S_ij, Q_i, warp_m * 16, K_s, QdO, KV_b);
 
     // -- mask columns past n_kv and (causal) keys in a row's future, then P_ij = exp(S_ij - L_i)
-    const int col0 = col_start + strip;
-    if (col_start + B_c > n_kv || (causal && col_start + B_c - 1 > row_start + diagonal_offset)) {
-#pragma unroll
-      for (int n = 0; n < NS; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int col = col0 + n * 8 + 2 * t + (e & 1);
-          const int row = warp_row + g + (e >> 1) * 8;
-          if (col >= n_kv || (causal && col > row + diagonal_offset)) S_ij[n][e] = SIMFLASH_NEG_INF;
-        }
-    }
+    if (col_start + B_c > n_kv || (causal && col_start + B_c - 1 > row_start + diagonal_offset))
+      mask_scores(S_ij, warp_row, col_start + strip, n_kv, causal, diagonal_offset);
     // P_ij to shared memory in the storage dtype, as the tensor cores take it (16 columns at a time)
 #pragma unroll
     for (int n = 0; n < NS; n += 2) {
@@ -198,20 +197,7 @@ __global__ void __launch_bounds__(B_c / 16 * 32) flash2_backward(
 
     // -- dP_ij = dO_i V_j^T   (16, B_c / STRIPS) per warp, fp32
     float dP_ij[NS][4];
-#pragma unroll
-    for (int n = 0; n < NS; ++n) dP_ij[n][0] = dP_ij[n][1] = dP_ij[n][2] = dP_ij[n][3] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < d / 16; ++kk) {
-      u32 a[4];  // dO_i rows 16 warp_m.., columns 16kk..16kk+15
-      ldmatrix_x4(a, dO_i + QdO.at(warp_m * 16, 2 * kk));
-#pragma unroll
-      for (int n = 0; n < NS; n += 2) {
-        u32 b[4];  // V_j rows strip + 8n..+15, columns 16kk..16kk+15
-        ldmatrix_x4(b, V_s + KV_b.at(n * 8, 2 * kk));
-        St::mma(dP_ij[n], a, b[0], b[1]);
-        St::mma(dP_ij[n + 1], a, b[2], b[3]);
-      }
-    }
+    mma_a_bt<DT>(dP_ij, dO_i, warp_m * 16, V_s, QdO, KV_b);
 
     // -- dS_ij = P_ij o (dP_ij - D_i) with P_ij as stored (read back: registers are scarce here), to
     // shared memory in the storage dtype

@@ -120,16 +120,8 @@ __global__ void __launch_bounds__(B_r / 16 * 32) flash2_forward(
 
     // -- mask columns past n_kv and (causal) keys in a row's future, before the statistics see them
     const int col0 = j * B_c;
-    if (col0 + B_c > n_kv || (causal && col0 + B_c - 1 > row_start + diagonal_offset)) {
-#pragma unroll
-      for (int n = 0; n < NS; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int col = col0 + n * 8 + 2 * t + (e & 1);
-          const int row = warp_row + g + (e >> 1) * 8;
-          if (col >= n_kv || (causal && col > row + diagonal_offset)) S_ij[n][e] = SIMFLASH_NEG_INF;
-        }
-    }
+    if (col0 + B_c > n_kv || (causal && col0 + B_c - 1 > row_start + diagonal_offset))
+      mask_scores(S_ij, warp_row, col0, n_kv, causal, diagonal_offset);
 
     // -- update m_i and l_i
     float m_new[2] = {m_i[0], m_i[1]};

@@ -63,12 +63,13 @@ def run_config(config: dict, seed: int) -> dict:
     return result
 
 
-def main(argv: list[str]) -> None:
+def main(argv: list[str], run=run_config) -> None:
+    """SPEC's configurations through `run` (one per configuration), in order; RESULT gets what each returned."""
     spec = json.loads(Path(argv[0]).read_text())
     cupy = import_cupy()
     results = []
     for index, config in enumerate(spec["configs"]):
-        results.append(run_config(config, spec["seed"] + index))
+        results.append(run(config, spec["seed"] + index))
         cupy.get_default_memory_pool().free_all_blocks()
     Path(argv[1]).write_text(json.dumps(results))
 

@@ -10,13 +10,12 @@ order. RESULT gets the instrumented counts. Nothing is printed: ncu's CSV report
 
 from __future__ import annotations
 
-import json
 import math
 import sys
-from pathlib import Path
 
 import numpy as np
 
+from simflash.backends import ncu_target
 from simflash.backends.bench_backward import sdpa_backward
 from simflash.backends.flash2 import launch, poisoned_output
 from simflash.backends.flash2_backward import COUNTERS, FORWARD_TILES, BackwardBuffers, counted_traffic, launch_backward
@@ -58,15 +57,5 @@ def run_config(config: dict, seed: int) -> dict:
     return {"config": config, "instrumented": ledger_rows(counted_traffic(counters.get())), "sdpa_call": how}
 
 
-def main(argv: list[str]) -> None:
-    spec = json.loads(Path(argv[0]).read_text())
-    cupy = import_cupy()
-    results = []
-    for index, config in enumerate(spec["configs"]):
-        results.append(run_config(config, spec["seed"] + index))
-        cupy.get_default_memory_pool().free_all_blocks()
-    Path(argv[1]).write_text(json.dumps(results))
-
-
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    ncu_target.main(sys.argv[1:], run_config)

@@ -11,17 +11,13 @@ duration under the profiler.
 
 from __future__ import annotations
 
-import json
 import re
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import attrs
 
 from simflash.backends.kernels import BACKWARD_BLOCK_KV, BACKWARD_BLOCK_Q, BACKWARD_HEAD_DIMS
-from simflash.backends.profile import available_metrics, find_ncu, parse_ncu_csv
+from simflash.backends.profile import available_metrics, find_ncu, parse_ncu_csv, run_ncu
 from simflash.backends.validate_backward import defined_traffic, model_traffic
 from simflash.config import check_positive_int
 
@@ -111,27 +107,14 @@ def kernel_rows(c: BackwardProfileConfig, ours: list[dict], theirs: list[dict], 
 
 def profile(configs: list[BackwardProfileConfig], seed: int = 0, raw_csv: Path | None = None) -> dict:
     """Profile every configuration in one ncu process; return the per-kernel rows."""
-    ncu = find_ncu()
-    have = available_metrics(ncu)
+    have = available_metrics(find_ncu())
     missing = [theirs for theirs in METRICS.values() if have and theirs.rsplit(".", 1)[0] not in have]
     if missing:
         raise RuntimeError(f"this GPU's counters lack required metrics: {missing}")
-    with tempfile.TemporaryDirectory() as folder:
-        spec, result = Path(folder) / "spec.json", Path(folder) / "result.json"
-        spec.write_text(json.dumps({"seed": seed, "configs": [attrs.asdict(c) for c in configs]}))
-        command = [ncu, "--clock-control", "none", "--cache-control", "all", "--profile-from-start", "off",
-                   "--csv", "--print-units", "base", "--metrics", ",".join(METRICS.values()),
-                   sys.executable, "-m", "simflash.backends.ncu_target_backward", str(spec), str(result)]
-        done = subprocess.run(command, capture_output=True, text=True)
-        if raw_csv is not None:
-            raw_csv.write_text(done.stdout)
-        if done.returncode != 0 or not result.exists():
-            raise RuntimeError(f"ncu failed (exit {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-        counted = json.loads(result.read_text())
-    groups = split_kernels(parse_ncu_csv(done.stdout), configs)
+    report, counted, command = run_ncu("simflash.backends.ncu_target_backward", configs, METRICS, seed, raw_csv)
+    groups = split_kernels(parse_ncu_csv(report), configs)
     return {
-        "ncu_command": " ".join(["ncu", *command[1:command.index(sys.executable)]])
-        + " python -m simflash.backends.ncu_target_backward",
+        "ncu_command": command,
         "metrics": METRICS,
         "configs": [{"config": attrs.asdict(c), "sdpa_call": counts["sdpa_call"],
                      "kernels": kernel_rows(c, ours, theirs, counts)}

@@ -164,6 +164,22 @@ static __device__ __forceinline__ void red_add_f32x2(float* p, float a, float b)
   asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(a), "f"(b) : "memory");
 }
 
+// In one warp's (16, 8N) fp32 scores whose first row is row0 and first column col0, set to -inf those of
+// keys past n_kv and, causal, of keys in a row's future (col > row + diagonal_offset).
+template <int N>
+static __device__ __forceinline__ void mask_scores(float (&S)[N][4], int row0, int col0, int n_kv, int causal,
+                                                   int diagonal_offset) {
+  const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;  // rows g, g + 8; columns 2t, 2t + 1
+#pragma unroll
+  for (int n = 0; n < N; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int col = col0 + n * 8 + 2 * t + (e & 1);
+      const int row = row0 + g + (e >> 1) * 8;
+      if (col >= n_kv || (causal && col > row + diagonal_offset)) S[n][e] = SIMFLASH_NEG_INF;
+    }
+}
+
 // Sum of a per-thread byte count over the block; thread 0 adds it to *total (one atomic per call).
 template <int THREADS>
 static __device__ __forceinline__ void block_count(u64* total, u64 mine, u64* scratch) {

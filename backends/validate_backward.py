@@ -24,7 +24,7 @@ import numpy as np
 
 import simflash as sf
 from simflash.backends import flash2_backward
-from simflash.backends.validate import ledger_rows
+from simflash.backends.validate import CheckConfig, ledger_rows
 from simflash.config import storage_dtype
 from simflash.memory import Flow, Traffic
 from simflash.numerics import ATOL_ROUNDOFFS, FLOAT32_UNIT_ROUNDOFF, max_abs_error, reference_mask, relative_error, upcast
@@ -36,22 +36,15 @@ MASKS = ((False, "upper_left"), (True, "upper_left"), (True, "lower_right"))
 
 
 @attrs.frozen
-class BackwardConfig:
-    n_q: int
-    n_kv: int
-    d: int
-    heads: int
-    causal: bool
-    causal_variant: str
-    dtype: str
+class BackwardConfig(CheckConfig):
+    """The forward's validation configuration, with the backward's default tiles."""
+
     block_q: int = 64
     block_kv: int = 128
 
     @property
     def label(self) -> str:
-        mask = self.causal_variant if self.causal else "full"
-        return (f"backward {self.dtype} n_q={self.n_q} n_kv={self.n_kv} d={self.d} H={self.heads} {mask} "
-                f"B_r={self.block_q} B_c={self.block_kv}")
+        return "backward " + super().label
 
 
 def default_configs(quick: bool = False) -> list[BackwardConfig]:

@@ -5,14 +5,15 @@
 # the GPU tests, full validation, compute-sanitizer, the Nsight Compute sweep, the bench against SDPA, sdpa-check.
 # Results go to $OUT (or ./gpu-out): validate.json, sanitizer.txt, profile.json, profile_ncu.csv,
 # bench.json, sdpa_check.json, device_log.txt. smoke: every step once, on a few configurations.
-# backward: the backward kernels alone: backward_validate.json, pytest_gpu_backward.txt, backward_bench.json,
-# backward_profile.json, backward_profile_ncu.csv, device_log_backward.txt.
+# backward: the backward kernels alone, each step within a time limit so one short call brings back what
+# finished: backward_validate.json, backward_bench.json, backward_profile.json, backward_profile_ncu.csv,
+# pytest_gpu_backward.txt, device_log_backward.txt.
 set -u -o pipefail
 mode=${1:-full}
-if [ "$mode" = backward ]; then exec bash "$(dirname "$0")/device_run_backward.sh"; fi
 out=${OUT:-gpu-out}
 mkdir -p "$out"
 log="$out/device_log.txt"
+[ "$mode" = backward ] && log="$out/device_log_backward.txt"
 export PYTHONUNBUFFERED=1
 sf() { python3 -c "from simflash.cli import main; main()" "$@"; }
 step() { echo "== $(date +%T) $*" | tee -a "$log"; }
@@ -25,6 +26,28 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >>"$log" 2>&1 || {
   ncu --version | tail -1
   compute-sanitizer --version | tail -1
 } 2>&1 | tee -a "$log"
+
+if [ "$mode" = backward ]; then
+  export COLUMNS=250  # wide tables in the log
+  step validate backward
+  timeout 120 python3 -c "from simflash.cli import main; main()" gpu validate --backward \
+    --save "$out/backward_validate.json" 2>&1 | grep -v "^ok " | tail -40 | tee -a "$log"
+  echo "validate exit ${PIPESTATUS[0]}" | tee -a "$log"
+  step bench backward
+  timeout 60 python3 -c "from simflash.cli import main; main()" gpu bench --backward --n 1024,2048,4096,8192,16384 \
+    --d 64,128 --tiles 64x128,128x128 --save "$out/backward_bench.json" 2>&1 | tail -30 | tee -a "$log"
+  echo "bench exit ${PIPESTATUS[0]}" | tee -a "$log"
+  step profile backward
+  timeout 75 python3 -c "from simflash.cli import main; main()" gpu profile --backward --n 4096 --d 128 --heads 32 \
+    --both-masks --raw-csv "$out/backward_profile_ncu.csv" --save "$out/backward_profile.json" 2>&1 | tail -30 \
+    | tee -a "$log"
+  echo "profile exit ${PIPESTATUS[0]}" | tee -a "$log"
+  step pytest gpu backward
+  timeout 25 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py -k backward 2>&1 | tail -15 \
+    | tee "$out/pytest_gpu_backward.txt" | tee -a "$log"
+  step done
+  exit 0
+fi
 
 step info
 sf gpu info 2>&1 | tee -a "$log"
