@@ -187,8 +187,9 @@ def refusals() -> list[dict]:
     return out
 
 
-def validate(configs: list[CheckConfig], seed: int | None = None, progress=None) -> dict:
-    """Run every configuration on fresh inputs (seed recorded, so a run can be repeated)."""
+def validate(configs: list[CheckConfig], seed: int | None = None, progress=None, check=check, refusals=refusals) -> dict:
+    """Run every configuration on fresh inputs (seed recorded, so a run can be repeated); `check` and
+    `refusals` are the forward's unless given (simflash.backends.validate_backward passes the backward's)."""
     seed = int(np.random.SeedSequence().entropy) if seed is None else seed
     rng = np.random.default_rng(seed)
     records = []

@@ -25,6 +25,7 @@ import numpy as np
 import simflash as sf
 from simflash.backends import flash2_backward
 from simflash.backends.validate import CheckConfig, ledger_rows
+from simflash.backends.validate import validate as forward_validate
 from simflash.config import storage_dtype
 from simflash.memory import Flow, Traffic
 from simflash.numerics import ATOL_ROUNDOFFS, FLOAT32_UNIT_ROUNDOFF, max_abs_error, reference_mask, relative_error, upcast
@@ -288,11 +289,4 @@ def refusals() -> list[dict]:
 
 def validate(configs: list[BackwardConfig], seed: int | None = None, progress=None) -> dict:
     """Run every configuration on fresh inputs (seed recorded, so a run can be repeated)."""
-    seed = int(np.random.SeedSequence().entropy) if seed is None else seed
-    rng = np.random.default_rng(seed)
-    records = []
-    for config in configs:
-        records.append(check(config, rng))
-        if progress is not None:
-            progress(records[-1])
-    return {"seed": str(seed), "records": records, "refusals": refusals(), "all_ok": all(r["ok"] for r in records)}
+    return forward_validate(configs, seed, progress, check, refusals)
