@@ -4,12 +4,11 @@
 // One CTA per (head, KV tile j) of B_c rows; B_c / 16 warps. K_j and V_j stay in shared memory while
 // the query tiles i that see tile j stream through: Q_i and dO_i double-buffered (cp.async), L_i and
 // D_i from HBM into registers. Per query tile the CTA recomputes S_ij and P_ij = exp(S_ij - L_i)
-// (masked entries 0) and rounds it to the storage dtype, forms dP_ij = dO_i V_j^T and
-// dS_ij = P_ij o (dP_ij - D_i) in fp32 registers, stages P_ij and dS_ij in shared memory in the storage
-// dtype (the tensor cores take them so, and the transposed products below read them by columns), and
-// accumulates dV_j += P_ij^T dO_i and
-// dK_j += dS_ij^T Q_i in fp32 registers across query tiles. dQ_i gets this KV tile's share,
-// scale dS_ij K_j, by float32 atomic adds into dQ_accum, which every CTA of the head adds to.
+// (masked entries 0), forms dP_ij = dO_i V_j^T and dS_ij = P_ij o (dP_ij - D_i), stages P_ij and
+// dS_ij in shared memory in the storage dtype (the tensor cores take them so, and the transposed
+// products below read them by columns), and accumulates dV_j += P_ij^T dO_i and dK_j += dS_ij^T Q_i
+// in fp32 registers across query tiles. dQ_i gets this KV tile's share, scale dS_ij K_j, by float32
+// atomic adds into dQ_accum, which every CTA of the head adds to.
 //
 // Two warp layouts: for S_ij, dP_ij and dQ_i the warps tile the B_r rows 16 at a time and split the
 // columns (B_c or d) into B_c / B_r strips; for dK_j and dV_j each warp owns 16 of the B_c rows.
