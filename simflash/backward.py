@@ -15,9 +15,9 @@ from simflash.algorithms.flash2_backward import KERNEL as MAIN_KERNEL
 from simflash.algorithms.flash2_backward import flash2_backward_cta
 from simflash.algorithms.flash2_backward_convert import KERNEL as CONVERT_KERNEL
 from simflash.algorithms.flash2_backward_convert import flash2_backward_convert_cta
-from simflash.algorithms.gqa_sum import gqa_sum_cta
 from simflash.algorithms.flash2_backward_preprocess import KERNEL as PREPROCESS_KERNEL
 from simflash.algorithms.flash2_backward_preprocess import flash2_backward_preprocess_cta
+from simflash.algorithms.gqa_sum import gqa_sum_cta
 from simflash.algorithms.naive_backward import KERNELS as NAIVE_BACKWARD_KERNELS
 from simflash.algorithms.naive_backward import NAIVE_BACKWARD_CTAS
 from simflash.api import (
@@ -33,6 +33,7 @@ from simflash.api import (
 from simflash.config import DEFAULT_GPU, STATE_DTYPE, check_bool, check_positive_int
 from simflash.memory import HBM, OnChipStats, SimulatedGPU, Traffic
 from simflash.trace_backward import BackwardStep, BackwardTrace, check_backward_trace
+
 
 @attrs.frozen(eq=False)
 class BackwardRun:
@@ -82,6 +83,14 @@ def _sum_over_groups(machine: SimulatedGPU, kernel: str) -> None:
     with hbm.kernel(kernel):
         for g in range(kv_heads):
             gqa_sum_cta(machine, g)
+
+
+def _finished(machine: SimulatedGPU, inputs: tuple, forward: Run, config: RunConfig, **more) -> BackwardRun:
+    """The run: dQ, dK, dV as HBM holds them, in the shapes of q, k, v; the ledger and FLOPs."""
+    hbm = machine.hbm
+    dq, dk, dv = (hbm.inspect(name).reshape(np.shape(x)) for name, x in zip(("dQ", "dK", "dV"), inputs))
+    return BackwardRun(dq, dk, dv, forward, hbm.traffic(), machine.compute.flops, machine.compute.flops_by_kind(),
+                       config, **more)
 
 
 def flash_attention_backward(
@@ -136,12 +145,8 @@ def flash_attention_backward(
             for i in range(sched.n_q_tiles):
                 flash2_backward_convert_cta(machine.for_cta((h, i)), sched, h, i)
     _sum_over_groups(machine, "flash2_backward_gqa_sum")
-    return BackwardRun(
-        dq=hbm.inspect("dQ").reshape(np.shape(q)), dk=hbm.inspect("dK").reshape(np.shape(k)),
-        dv=hbm.inspect("dV").reshape(np.shape(v)), forward=forward, traffic=hbm.traffic(),
-        flops=machine.compute.flops, flops_by_kind=machine.compute.flops_by_kind(), config=config,
-        trace=BackwardTrace(level, tuple(steps)), on_chip=machine.on_chip_statistics(),
-    )
+    return _finished(machine, (q, k, v), forward, config, trace=BackwardTrace(level, tuple(steps)),
+                     on_chip=machine.on_chip_statistics())
 
 
 def naive_attention_backward(
@@ -154,8 +159,8 @@ def naive_attention_backward(
     "gemm_dp" (dP = dO V^T), "softmax_backward" (dS = P o (dP - rowsum(dP o P))), "gemm_dq"
     (dQ = scale dS K), "gemm_dk" (dK = scale dS^T Q). P, dP and dS hold only the entries a row may see.
     """
-    forward, forward_hbm = naive_forward(q, k, v, causal, causal_variant, scale, dtype, window=window)
     machine, (q_shape, kv_shape), scale = _machine_with_inputs(q, k, v, do, dtype, scale, causal_variant)
+    forward, forward_hbm = naive_forward(q, k, v, causal, causal_variant, scale, dtype, window=window)
     heads = q_shape[0]
     config = attrs.evolve(forward.config, algorithm="naive_backward")
     sched = config.tile_schedule()
@@ -170,8 +175,4 @@ def naive_attention_backward(
             for h in range(heads):
                 NAIVE_BACKWARD_CTAS[kernel](machine, sched, scale, h)
     _sum_over_groups(machine, "gqa_sum")
-    return BackwardRun(
-        dq=hbm.inspect("dQ").reshape(np.shape(q)), dk=hbm.inspect("dK").reshape(np.shape(k)),
-        dv=hbm.inspect("dV").reshape(np.shape(v)), forward=forward, traffic=hbm.traffic(),
-        flops=machine.compute.flops, flops_by_kind=machine.compute.flops_by_kind(), config=config,
-    )
+    return _finished(machine, (q, k, v), forward, config)

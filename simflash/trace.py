@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import numpy as np
@@ -18,13 +18,13 @@ __all__ = ["DEFAULT_TRACE_BUDGET_BYTES", "TRACE_LEVELS", "TileStep", "Trace", "T
 DEFAULT_TRACE_BUDGET_BYTES = 64 * MiB
 
 
-@attrs.frozen(eq=False)
-class Trace(Sequence[TileStep]):
-    """The recorded steps of a run, in execution order, with the run's configuration."""
+Step = TypeVar("Step")
 
-    level: str = "none"
-    steps: tuple[TileStep, ...] = ()
-    config: Mapping[str, Any] = attrs.field(factory=dict)
+
+class StepSequence(Sequence[Step]):
+    """Recorded steps, read as a sequence: the class keeps them in its `steps` tuple."""
+
+    steps: tuple[Step, ...]
 
     def __getitem__(self, index):  # type: ignore[override]
         return self.steps[index]
@@ -32,8 +32,17 @@ class Trace(Sequence[TileStep]):
     def __len__(self) -> int:
         return len(self.steps)
 
-    def __iter__(self) -> Iterator[TileStep]:
+    def __iter__(self) -> Iterator[Step]:
         return iter(self.steps)
+
+
+@attrs.frozen(eq=False)
+class Trace(StepSequence[TileStep]):
+    """The recorded steps of a run, in execution order, with the run's configuration."""
+
+    level: str = "none"
+    steps: tuple[TileStep, ...] = ()
+    config: Mapping[str, Any] = attrs.field(factory=dict)
 
     def of_tile(self, i: int, head: int = 0) -> list[TileStep]:
         """The steps of query tile i, in the order its KV tiles were visited."""

@@ -15,14 +15,13 @@ A "full" trace also keeps P_ij, dS_ij (B_r, B_c) and the accumulators dK_j, dV_j
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
 
 import attrs
 import numpy as np
 
 from simflash.config import STATE_DTYPE, MiB
 from simflash.schedule import TileSchedule
-from simflash.trace import DEFAULT_TRACE_BUDGET_BYTES
+from simflash.trace import DEFAULT_TRACE_BUDGET_BYTES, StepSequence
 from simflash.trace_step import TRACE_LEVELS
 
 
@@ -57,20 +56,11 @@ class BackwardStep:
 
 
 @attrs.frozen(eq=False)
-class BackwardTrace(Sequence[BackwardStep]):
+class BackwardTrace(StepSequence[BackwardStep]):
     """The recorded steps of a backward, in execution order (head, then KV tile j, then query tile i)."""
 
     level: str = "none"
     steps: tuple[BackwardStep, ...] = ()
-
-    def __getitem__(self, index):  # type: ignore[override]
-        return self.steps[index]
-
-    def __len__(self) -> int:
-        return len(self.steps)
-
-    def __iter__(self) -> Iterator[BackwardStep]:
-        return iter(self.steps)
 
     def of_kv_tile(self, j: int, head: int = 0) -> list[BackwardStep]:
         """The steps of KV tile j, in the order its query tiles were visited."""
