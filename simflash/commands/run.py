@@ -204,7 +204,8 @@ def run(
                                   "+4 bytes per query row).")] = False,
     backward: Annotated[bool, typer.Option(
         "--backward", help="Forward + backward instead: naive (P kept for the backward) against FA-2 (O and L kept, "
-                           "P recomputed), traffic and FLOPs of each pass, gradients against float64.")] = False,
+                           "P recomputed), traffic and FLOPs of each pass, gradients against float64. FA-2's "
+                           "forward always writes L here; --fa1-o-accum and --write-logsumexp do not apply.")] = False,
     backward_block_q: Annotated[int, typer.Option(help="With --backward: the backward's query tile rows B_r.")] = 64,
     backward_block_kv: Annotated[int, typer.Option(help="With --backward: the backward's KV tile rows B_c.")] = 128,
 ) -> None:
