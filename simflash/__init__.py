@@ -11,6 +11,7 @@ lecture" is *Lecture 1 - Attention Bottleneck and Roofline*.
 from simflash import model
 from simflash.api import Run, RunConfig, flash_attention, flash_attention_steps, naive_attention
 from simflash.config import GPUS, GPUSpec
+from simflash.decoding import flash_decoding
 from simflash.memory import HBM, SRAM, Flow, SRAMOverflowError, Traffic
 from simflash.model.amdahl import amdahl
 from simflash.schedule import TileSchedule
@@ -18,6 +19,6 @@ from simflash.trace import TileStep, Trace
 
 __all__ = [
     "GPUS", "GPUSpec", "HBM", "SRAM", "Flow", "Run", "RunConfig", "SRAMOverflowError", "TileSchedule",
-    "TileStep", "Trace", "Traffic", "amdahl", "flash_attention", "flash_attention_steps", "model",
+    "TileStep", "Trace", "Traffic", "amdahl", "flash_attention", "flash_attention_steps", "flash_decoding", "model",
     "naive_attention",
 ]

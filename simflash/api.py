@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Generator, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import ml_dtypes
@@ -32,6 +32,9 @@ from simflash.onchip import DEFAULT_KV_STAGES, check_fits, check_kv_stages, cta_
 from simflash.schedule import TileSchedule
 from simflash.trace import DEFAULT_TRACE_BUDGET_BYTES, TileStep, Trace, TraceRequest, trace_request
 
+if TYPE_CHECKING:
+    from simflash.model.decode import DecodeLaunch
+
 
 @attrs.frozen
 class RunConfig:
@@ -58,6 +61,9 @@ class RunConfig:
     window: tuple[int, int] = attrs.field(default=(-1, -1), converter=check_window)  # (left, right) keys visible
     kv_heads: int | None = None  # K/V heads, all batch elements (None: as many as query heads)
     pack_gqa: bool = False  # a group's query heads packed into the rows of one tile
+    num_splits: int | None = None  # split-KV runs (Flash-Decoding): runs of KV tiles per query tile
+    cache_seqlens: tuple[int, ...] | None = attrs.field(  # split-KV runs: each batch element's valid K/V rows
+        default=None, converter=lambda v: None if v is None else tuple(int(n) for n in v))
 
     @property
     def cta_heads(self) -> int:
@@ -87,6 +93,7 @@ class Run:
     events: tuple[MemoryEvent, ...] = ()  # every transfer, hold and matmul, when record_events=True
     flops_by_kind: dict[str, int] = attrs.field(factory=dict)  # tensor (= flops), exp, fp32, div
     physical: PhysicalTraffic | None = None  # what the L2 let through to DRAM, when cache is set
+    decode: DecodeLaunch | None = None  # split-KV runs: the splits chosen, CTAs and waves
     # Entries of S that overflowed the storage dtype (naive only: S is stored in HBM in `dtype`, as an
     # fp16 eager path stores it). They are stored as +-inf, and every row holding one comes out NaN.
     overflow: int = 0
@@ -294,7 +301,7 @@ def _trace_config(config: RunConfig) -> dict[str, Any]:
     """A run's config as its trace records it: schedule and cache only where they are not the defaults,
     so the traces of sequential runs without an L2 read as they always have."""
     defaults = {"schedule": "sequential", "cache": None, "o_accum_dtype": "storage", "kv_stages": DEFAULT_KV_STAGES,
-                "window": (-1, -1), "kv_heads": None, "pack_gqa": False}
+                "window": (-1, -1), "kv_heads": None, "pack_gqa": False, "num_splits": None, "cache_seqlens": None}
     return {k: v for k, v in attrs.asdict(config).items() if k not in defaults or v != defaults[k]}
 
 
