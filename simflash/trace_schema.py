@@ -152,8 +152,10 @@ def check_config(config: Any, path: Path, has_steps: bool) -> tuple[dict[str, An
         kind = CONFIG_TYPES.get(name)
         if kind is not None and not _fits(kind, value):
             raise TraceFileError(f"{path}: config.{name} must be a {kind}, got {shown(value)}")
+    # sequences come back from JSON as lists: as tuples, they equal the run's own config again
+    config = {name: tuple(value) if isinstance(value, list) else value for name, value in config.items()}
     if not has_steps:
-        return dict(config), None
+        return config, None
     for name in GEOMETRY_FIELDS:
         if config.get(name) is None:
             raise TraceFileError(f"{path}: config.{name} is missing; a trace with steps needs it to check their "
@@ -165,7 +167,7 @@ def check_config(config: Any, path: Path, has_steps: bool) -> tuple[dict[str, An
     pack = config["heads"] // kv_heads if config.get("pack_gqa") else 1
     # the bounds do not change which indices and rows a step may have; the packing does
     sched = TileSchedule(config["n_q"], config["n_kv"], config["block_q"], config["block_kv"], pack=pack)
-    return dict(config), Geometry(kv_heads if pack > 1 else config["heads"], config["d"], sched, config.get("num_splits"))
+    return config, Geometry(kv_heads if pack > 1 else config["heads"], config["d"], sched, config.get("num_splits"))
 
 
 def floats(values: Any, where: str, path: Path) -> np.ndarray:
