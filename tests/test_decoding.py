@@ -12,7 +12,7 @@ import simflash as sf
 from simflash.algorithms.flash_decoding_combine import combine_grid
 from simflash.algorithms.flash_decoding_split import split_grid
 from simflash.config import STORAGE_DTYPES, gpu_spec
-from simflash.model.decode import default_block_kv, num_splits_heuristic, predict_decode
+from simflash.model.decode import default_block_kv, num_splits_heuristic, predict_decode, split_efficiencies
 from simflash.numerics import (
     RELATIVE_TOLERANCE,
     fa_rule,
@@ -148,8 +148,14 @@ def test_lesson_decode_example_hand_counted():
     """Batch 1, 32 query heads on 8 K/V heads, d = 128, a 32k cache in fp16 (the lesson's 6.1 shape).
     FA-2's tiles for d = 128: 64 query rows, 128 keys: T_c = 256. Packed, each K/V head's 4 query heads
     are 4 rows of one query tile: 8 CTAs without splits, against 2 x 132 = 264 slots on the H200. The
-    heuristic: 29 splits is the first whose 8 x 29 = 232 CTAs fill 85% of the best wave (232 / 264 =
-    0.879; 28 splits make 0.848); 9 KV tiles per split, the last split 256 - 28 x 9 = 4."""
+    heuristic: the best eligible wave is 32 splits' 256 / 264 (33 splits are 8 tiles each, as 32 are);
+    28 splits would reach 224 / 264 >= 85% of it, but cut 256 tiles into runs of 10, 26 splits in effect;
+    29 is the first eligible count there: 232 / 264 = 0.879, 9 KV tiles per split, the last 256 - 28 x 9 = 4."""
+    efficiency = split_efficiencies(8, 264, 256)
+    assert 28 not in efficiency and 33 not in efficiency
+    assert max(efficiency.values()) == efficiency[32] == pytest.approx(256 / 264)
+    assert efficiency[29] == pytest.approx(232 / 264)
+    assert all(eff < 0.85 * efficiency[32] for splits, eff in efficiency.items() if splits < 29)
     launch = sf.model.decode_launch(32768, 128, heads=32, kv_heads=8)
     assert (launch.num_splits, launch.block_q, launch.block_kv, launch.kv_tiles) == (29, 64, 128, 256)
     assert (launch.split_ctas, launch.cta_slots, launch.tiles_per_split, launch.combine_ctas) == (232, 264, 9, 8)

@@ -66,28 +66,33 @@ def combine_block_rows(d: int) -> int:
     return 4 if compiled % 128 == 0 else 8 if compiled % 64 == 0 else 16
 
 
-def num_splits_heuristic(batch_nheads_mblocks: int, num_sms: int, num_n_blocks: int,
-                         max_splits: int = MAX_SPLITS) -> int:
-    """FlashAttention-2's split count (csrc/flash_attn/flash_api.cpp, num_splits_heuristic), in its float32
-    arithmetic: the smallest eligible count whose wave efficiency is at least 85% of the best."""
+def split_efficiencies(batch_nheads_mblocks: int, num_sms: int, num_n_blocks: int,
+                       max_splits: int = MAX_SPLITS) -> dict[int, float]:
+    """The wave efficiency n_waves / ceil(n_waves) of every split count FA-2's heuristic considers, in its
+    float32 arithmetic (n_waves = CTAs x splits / SMs): 1..min(max_splits, SMs, n-blocks), eligible ones
+    only (a count is eligible when it changes the tiles per split: 12 splits of 64 tiles are 11 in effect)."""
     for name, value in (("batch_nheads_mblocks", batch_nheads_mblocks), ("num_sms", num_sms),
                         ("num_n_blocks", num_n_blocks), ("max_splits", max_splits)):
         check_positive_int(name, value)
     f32 = np.float32
-    if f32(batch_nheads_mblocks) >= f32(0.8) * f32(num_sms):  # enough CTAs to almost fill the SMs
-        return 1
-    max_splits = min(max_splits, num_sms, num_n_blocks)
-
-    def eligible(splits: int) -> bool:  # does it change the tiles per split?
-        return splits == 1 or -(-num_n_blocks // splits) != -(-num_n_blocks // (splits - 1))
-
     efficiency = {}
-    for splits in range(1, max_splits + 1):
-        if eligible(splits):
+    for splits in range(1, min(max_splits, num_sms, num_n_blocks) + 1):
+        if splits == 1 or -(-num_n_blocks // splits) != -(-num_n_blocks // (splits - 1)):
             n_waves = f32(batch_nheads_mblocks * splits) / f32(num_sms)
-            efficiency[splits] = n_waves / f32(math.ceil(n_waves))
+            efficiency[splits] = float(n_waves / f32(math.ceil(n_waves)))
+    return efficiency
+
+
+def num_splits_heuristic(batch_nheads_mblocks: int, num_sms: int, num_n_blocks: int,
+                         max_splits: int = MAX_SPLITS) -> int:
+    """FlashAttention-2's split count (csrc/flash_attn/flash_api.cpp, num_splits_heuristic): one split when
+    the CTAs already fill 80% of the SMs, else the smallest eligible count whose wave efficiency is at
+    least 85% of the best (`split_efficiencies`)."""
+    efficiency = split_efficiencies(batch_nheads_mblocks, num_sms, num_n_blocks, max_splits)
+    if np.float32(batch_nheads_mblocks) >= np.float32(0.8) * np.float32(num_sms):
+        return 1
     best = max(efficiency.values())
-    return next(splits for splits, eff in efficiency.items() if float(eff) >= 0.85 * float(best))
+    return next(splits for splits, eff in efficiency.items() if eff >= 0.85 * best)
 
 
 @attrs.frozen
