@@ -356,3 +356,13 @@ def test_example_numbers_are_exact_integers():
     assert all(isinstance(v, int) for v in flops.values())
     assert flops["tensor"] == 4 * 8 * 4 * 32768 * 128  # 8 groups of 4 rows against every key, two matmuls
     assert math.isclose(sf.model.decode_launch(32768, 128, heads=32, kv_heads=8).wave_efficiency, 0.8787878787)
+
+
+def test_the_viewer_says_it_does_not_step_through_decoding_runs():
+    from simflash.viewer import page_data
+
+    q, k, v = _inputs(12, 1, 2, 1, 1, 20, 4)
+    run = sf.flash_decoding(q, k, v, 2, 4, trace="stats")
+    with pytest.raises(ValueError, match="the viewer steps through naive, fa2, fa1 runs, not 'flash_decoding'"):
+        page_data(run)
+    assert run._repr_html_() is None
