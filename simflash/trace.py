@@ -10,9 +10,10 @@ import numpy as np
 
 from simflash import trace_files
 from simflash.config import STATE_DTYPE, MiB
-from simflash.trace_step import TRACE_LEVELS, TileStep
+from simflash.trace_step import TRACE_LEVELS, TileStep, TraceLevel
 
-__all__ = ["DEFAULT_TRACE_BUDGET_BYTES", "TRACE_LEVELS", "TileStep", "Trace", "TraceRequest", "trace_request"]
+__all__ = ["DEFAULT_TRACE_BUDGET_BYTES", "TRACE_LEVELS", "TileStep", "Trace", "TraceLevel", "TraceRequest",
+           "trace_request"]
 
 # A default trace must stay small whatever N is; larger ones are asked for by naming tiles.
 DEFAULT_TRACE_BUDGET_BYTES = 64 * MiB

@@ -6,10 +6,13 @@ TileSteps without importing simflash.trace, whose Trace.save and Trace.load use 
 
 from __future__ import annotations
 
+from typing import Literal
+
 import attrs
 import numpy as np
 
 TRACE_LEVELS = ("none", "stats", "full")  # stats: m, alpha, l; full: plus the accumulator a
+TraceLevel = Literal["none", "stats", "full"]
 
 
 @attrs.frozen(eq=False)

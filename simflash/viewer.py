@@ -87,7 +87,8 @@ def _replay(config) -> tuple[list[tuple[int, int, int, bool]], list[dict[str, li
     rng = np.random.default_rng(0)
     q, kv = rng.standard_normal((heads, n_q, d)), rng.standard_normal((kv_heads, n_kv, d))
     if config.algorithm == "naive":
-        run = api.naive_attention(q, kv, kv, config.causal, config.causal_variant, config.scale, config.dtype,
+        run = api.naive_attention(q, kv, kv, causal=config.causal, causal_variant=config.causal_variant,
+                                  scale=config.scale, dtype=config.dtype,
                                   schedule=config.schedule, cache=config.cache, gpu=config.gpu, window=config.window)
         return [], [_ledger(run.traffic, run.physical)]
     setup = api._flash_setup(
