@@ -9,6 +9,8 @@ logsumexp merge). The split count, tiles and grid are FlashAttention-2's (simfla
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import attrs
 import numpy as np
 
@@ -17,20 +19,21 @@ from simflash.algorithms.flash_decoding_combine import combine_cta, combine_grid
 from simflash.algorithms.flash_decoding_split import KERNEL as SPLIT_KERNEL
 from simflash.algorithms.flash_decoding_split import split_cta, split_grid
 from simflash.api import Run, RunConfig, _simulated_gpu, _trace_config, pack_heads, prepare_inputs, unpack_heads
-from simflash.config import DEFAULT_GPU, STATE_DTYPE, MiB, check_bool, gpu_spec
+from simflash.config import DEFAULT_GPU, STATE_DTYPE, MiB, StorageDtypeName, check_bool, gpu_spec
 from simflash.grid import run_bodies
 from simflash.model.decode import decode_launch
 from simflash.onchip import DEFAULT_KV_STAGES, check_fits, cta_resources
 from simflash.schedule import SplitSchedule, check_cache_seqlens
-from simflash.trace import DEFAULT_TRACE_BUDGET_BYTES, TRACE_LEVELS, Trace, TraceRequest
+from simflash.trace import DEFAULT_TRACE_BUDGET_BYTES, TRACE_LEVELS, Trace, TraceLevel, TraceRequest
 
 ALGORITHM = "flash_decoding"
 
 
 def flash_decoding(
-    q, k, v, num_splits: int | None = None, block_kv: int | None = None, pack_gqa: bool = True,
-    cache_seqlens=None, causal: bool = False, window: tuple[int, int] = (-1, -1), scale: float | None = None,
-    dtype: str = "float16", trace: str = "none", *, gpu: str = DEFAULT_GPU,
+    q, k, v, num_splits: int | None = None, block_kv: int | None = None, *, pack_gqa: bool = True,
+    cache_seqlens: Sequence[int] | None = None, causal: bool = False, window: tuple[int, int] = (-1, -1),
+    scale: float | None = None, dtype: StorageDtypeName = "float16", trace: TraceLevel = "none",
+    gpu: str = DEFAULT_GPU,
 ) -> Run:
     """Split-KV attention (Flash-Decoding) on the simulated GPU. q: (batch, H_q, n_q, d), usually n_q = 1,
     or (H_q, n_q, d) for batch 1; k, v: (batch, H_kv, n_kv, d) (or (H_kv, n_kv, d)), H_q a multiple of

@@ -61,7 +61,8 @@ def test_bytes_and_flops_equal_the_closed_forms_and_outputs_the_reference(
     seqlens = [data.draw(st.integers(1, n_kv), label=f"seqlen[{b}]") for b in range(batch)] if ragged else None
     q, k, v = _inputs(seed, batch, h_kv * group, h_kv, n_q, n_kv, d)
     mask = dict(causal=causal, window=window)
-    run = sf.flash_decoding(q, k, v, num_splits, block_kv, pack_gqa, seqlens, dtype=dtype, trace="stats", **mask)
+    run = sf.flash_decoding(q, k, v, num_splits, block_kv, pack_gqa=pack_gqa, cache_seqlens=seqlens, dtype=dtype,
+                            trace="stats", **mask)
 
     traffic, flops = _closed_forms(run, batch, h_kv * group, h_kv, n_q, n_kv, d, pack_gqa=pack_gqa,
                                    cache_seqlens=seqlens, **mask)
@@ -104,7 +105,7 @@ def test_fa_rule_holds_at_hundreds_of_keys(batch, h_kv, group, n_q, n_kv, d, num
     seqlens = [data.draw(st.integers(100, n_kv), label=f"seqlen[{b}]") for b in range(batch)]
     q, k, v = _inputs(seed, batch, h_kv * group, h_kv, n_q, n_kv, d)
     mask = dict(causal=causal, window=window)
-    run = sf.flash_decoding(q, k, v, num_splits, 16, pack_gqa, seqlens, dtype=dtype, **mask)
+    run = sf.flash_decoding(q, k, v, num_splits, 16, pack_gqa=pack_gqa, cache_seqlens=seqlens, dtype=dtype, **mask)
     ref = _per_batch(reference_attention, q, k, v, seqlens, dtype=dtype, **mask)
     naive = _per_batch(lambda *x, **kw: sf.naive_attention(*x, **kw).out, q, k, v, seqlens, dtype=dtype, **mask)
     check = fa_rule(run.out, naive, ref, upcast(v, dtype))
@@ -119,7 +120,7 @@ def test_the_heuristic_and_other_split_counts_agree_with_the_reference(num_split
     q, k, v = _inputs(11, 2, 8, 2, 1, 1000, 64)
     seqlens = [1000, 613]
     for dtype in STORAGE_DTYPES:
-        run = sf.flash_decoding(q, k, v, num_splits, 64, pack_gqa, seqlens, dtype=dtype)
+        run = sf.flash_decoding(q, k, v, num_splits, 64, pack_gqa=pack_gqa, cache_seqlens=seqlens, dtype=dtype)
         ref = _per_batch(reference_attention, q, k, v, seqlens, dtype=dtype)
         if dtype == "float32":
             assert relative_error(run.out, ref) <= RELATIVE_TOLERANCE[dtype]

@@ -19,7 +19,10 @@ commit 0251105a):
 - csrc/flash_attn/src/flash_fwd_launch_template.h, `run_flash_splitkv_fwd`: the split grid
   (query tiles, splits, batch x heads) and the combine's kBlockM rows per CTA by head dim
   (`kHeadDim % 128 == 0 ? 4 : (kHeadDim % 64 == 0 ? 8 : 16)`, kHeadDim the compiled head dim:
-  d rounded up to 32, 64, 96, 128, 192 or 256, HEADDIM_SWITCH in static_switch.h).
+  d rounded up to 32, 64, 96, 128, 192 or 256, HEADDIM_SWITCH in static_switch.h). With one split,
+  that commit's `run_mha_fwd_splitkv_dispatch` switches to the non-split kernel's KV tile (64 for
+  d > 64, `run_mha_fwd_splitkv_align`, for numerics identical to the standard kernel); simflash keeps
+  block_n for every split count, so one split and many cut the same tiles.
 
 Bytes and arithmetic here are derived from the tiling alone (per query tile: the run of KV tiles it
 visits, cut at the split boundaries), independently of the simulator's loops; the tests hold the two
