@@ -336,8 +336,8 @@ def _kernel_time(spec: GPUSpec, kernel: str, ctas: int, slots: int, dram_bytes: 
 def predict_decode(n_kv: int, d: int, *, batch: int = 1, heads: int = 1, kv_heads: int | None = None, n_q: int = 1,
                    num_splits: int | None = None, block_kv: int | None = None, pack_gqa: bool = True,
                    dtype: str = "float16", gpu: str | GPUSpec = "H200") -> DecodePrediction:
-    """Predicted time of one decode step's attention (both kernels) on `gpu`: a model, stated in
-    `_kernel_time`; DRAM bytes are the ledger's (every byte from DRAM once: a cold L2 that never hits,
+    """Predicted time of one decode step's attention (both kernels, every cache full, no mask) on `gpu`:
+    a model, stated in `_kernel_time`; DRAM bytes are the ledger's (every byte from DRAM once: a cold L2 that never hits,
     which without pack_gqa overstates K and V, read once per query head of a group)."""
     spec = gpu if isinstance(gpu, GPUSpec) else gpu_spec(gpu)
     launch = decode_launch(n_kv, d, batch=batch, heads=heads, kv_heads=kv_heads, n_q=n_q, num_splits=num_splits,
