@@ -30,9 +30,17 @@ from simflash.api import (
     prepare_inputs,
     stored_heads,
 )
-from simflash.config import DEFAULT_GPU, STATE_DTYPE, check_bool, check_positive_int
+from simflash.config import (
+    DEFAULT_GPU,
+    STATE_DTYPE,
+    CausalVariant,
+    StorageDtypeName,
+    check_bool,
+    check_positive_int,
+)
 from simflash.memory import HBM, OnChipStats, SimulatedGPU, Traffic
 from simflash.trace_backward import BackwardStep, BackwardTrace, check_backward_trace
+from simflash.trace_step import TraceLevel
 
 
 @attrs.frozen(eq=False)
@@ -94,9 +102,10 @@ def _finished(machine: SimulatedGPU, inputs: tuple, forward: Run, config: RunCon
 
 
 def flash_attention_backward(
-    q, k, v, do, block_q: int = 64, block_kv: int = 128, causal: bool = False, causal_variant: str = "upper_left",
-    window: tuple[int, int] = (-1, -1), scale: float | None = None, dtype: str = "float16", trace: str = "none",
-    *, forward_block_q: int = 128, forward_block_kv: int = 64,
+    q, k, v, do, block_q: int = 64, block_kv: int = 128, *, causal: bool = False,
+    causal_variant: CausalVariant = "upper_left", window: tuple[int, int] = (-1, -1), scale: float | None = None,
+    dtype: StorageDtypeName = "float16", trace: TraceLevel = "none", forward_block_q: int = 128,
+    forward_block_kv: int = 64,
 ) -> BackwardRun:
     """FlashAttention-2's backward (Dao 2023, Algorithm 2) as it ships: three kernels, plus a sum over
     each group of query heads when K/V heads are shared.
@@ -121,8 +130,8 @@ def flash_attention_backward(
                        gpu=DEFAULT_GPU, window=window, kv_heads=kv_heads if kv_heads != heads else None)
     sched = config.tile_schedule()
     level = check_backward_trace(trace, sched, heads, d)
-    forward = flash_attention(q, k, v, forward_block_q, forward_block_kv, causal, causal_variant, scale, dtype,
-                              trace="none", write_logsumexp=True, window=window)
+    forward = flash_attention(q, k, v, forward_block_q, forward_block_kv, causal=causal, causal_variant=causal_variant,
+                              scale=scale, dtype=dtype, trace="none", write_logsumexp=True, window=window)
     hbm, storage = machine.hbm, forward.out.dtype
     hbm.place("O", forward.out.reshape(q_shape), storage)
     hbm.place("L", forward.logsumexp.reshape(q_shape[:-1]), STATE_DTYPE)
@@ -150,8 +159,8 @@ def flash_attention_backward(
 
 
 def naive_attention_backward(
-    q, k, v, do, causal: bool = False, causal_variant: str = "upper_left", window: tuple[int, int] = (-1, -1),
-    scale: float | None = None, dtype: str = "float16",
+    q, k, v, do, *, causal: bool = False, causal_variant: CausalVariant = "upper_left",
+    window: tuple[int, int] = (-1, -1), scale: float | None = None, dtype: StorageDtypeName = "float16",
 ) -> BackwardRun:
     """The naive backward: five kernels over the P that the three-kernel forward stored (`run.forward`).
 
