@@ -1,7 +1,11 @@
 """`simflash run` and `simflash bench` on small sizes (the defaults are the lesson's N = 4096)."""
 
 import json
+import re
+import shlex
+from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from simflash.cli import app
@@ -106,3 +110,14 @@ def test_run_backward_json_carries_exact_bytes_and_checks():
 def test_run_backward_reports_bad_tiles():
     result = runner.invoke(app, ["run", "--backward", "--backward-block-q", "0"])
     assert result.exit_code != 0 and "--backward-block-q: must be a positive integer" in flat(result.output)
+
+
+@pytest.mark.slow
+def test_the_backward_page_shows_what_simflash_run_backward_prints():
+    """docs/backward.md quotes `simflash run --backward` in a console block and its output in the text block after it."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "backward.md").read_text()
+    match = re.search(r"```console\n\$ simflash (run --backward[^\n]*)\n```\n\n```text\n(.*?)\n```", page, re.S)
+    assert match, "docs/backward.md has no console block with `simflash run --backward` followed by its output"
+    result = runner.invoke(app, shlex.split(match[1]))
+    assert result.exit_code == 0, result.output
+    assert result.output.strip("\n") == match[2]
