@@ -1,0 +1,90 @@
+// Flash-Decoding, kernel 2 of 2: the combine kernel, simflash/algorithms/flash_decoding_combine.py: a
+// logsumexp over the splits' partial results, row by row.
+//
+//     LSE = lse_max + log sum_s exp(LSE_s - lse_max)
+//     w_s = exp(LSE_s - LSE)      split s's share of the row's probability mass
+//     O   = sum_s w_s O_s         written once, in the storage dtype
+//
+// A split that saw no key of a row (LSE_s = -inf) weighs 0; a row no split saw (lse_max taken as 0, the
+// sum 0, LSE = +inf) outputs 0, never NaN.
+//
+// One warp per row, 4 rows per CTA (FA-2's kBlockM at d = 128). The row's LSE_s, a split per lane, are
+// reduced across the warp and kept in shared memory as the weights; then every split's O_s row, 16
+// bytes a lane (at d = 64 the two half-warps take alternate splits), is scaled and summed in registers.
+//
+// INSTRUMENTED (compile-time): count the HBM bytes each load and store moved per tensor, one atomic per
+// CTA per tensor.
+#include "ptx.cuh"
+
+static __device__ __forceinline__ float warp_max(float x) {
+  for (int offset = 16; offset > 0; offset >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
+  return x;
+}
+
+static __device__ __forceinline__ float warp_sum(float x) {
+  for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);
+  return x;
+}
+
+template <int DT, int D, bool INSTRUMENTED>
+__global__ void __launch_bounds__(128, 8) flash_decoding_combine(  // 8 CTAs an SM: room for the unrolled loads
+    const float* __restrict__ O_partial,    // (num_splits, rows, D)
+    const float* __restrict__ LSE_partial,  // (num_splits, rows)
+    storage_t* __restrict__ O,              // (rows, D)
+    int rows, int num_splits,
+    u64* __restrict__ bytes_moved) {        // INSTRUMENTED: [LSE_partial, O_partial read; O written]
+  using St = Storage<DT>;
+  constexpr int THREADS = 128;
+  constexpr int LANES = D / 4;          // lanes holding a row: 4 floats each
+  constexpr int PARTS = 32 / LANES;     // groups of lanes taking alternate splits
+  static_assert(LANES * PARTS == 32, "a row must fill the warp");
+  extern __shared__ float weights[];    // (4 warps, num_splits): w_s of each warp's row
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int row = blockIdx.x * (THREADS / 32) + warp;
+  float* w = weights + warp * num_splits;
+  u64 read_LSE = 0, read_O = 0, written_O = 0;  // INSTRUMENTED counts of this thread
+
+  if (row < rows) {
+    // -- every split's logsumexp of this row: lse_max, then the sum, over the warp
+    float lse_max = SIMFLASH_NEG_INF;
+    for (int s = lane; s < num_splits; s += 32) {
+      w[s] = LSE_partial[(size_t)s * rows + row];
+      read_LSE += 4;
+      lse_max = fmaxf(lse_max, w[s]);
+    }
+    lse_max = warp_max(lse_max);
+    if (lse_max == SIMFLASH_NEG_INF) lse_max = 0.f;  // a row no split saw: exp(-inf - 0) = 0, not NaN
+    float lse_sum = 0.f;
+    for (int s = lane; s < num_splits; s += 32) lse_sum += expf(w[s] - lse_max);
+    lse_sum = warp_sum(lse_sum);
+    const float LSE = lse_sum > 0.f ? logf(lse_sum) + lse_max : __int_as_float(0x7f800000);  // +inf: every w_s = 0
+    for (int s = lane; s < num_splits; s += 32) w[s] = expf(w[s] - LSE);
+    __syncwarp();
+
+    // -- stream every split's partial output, scaled by its weight, into the accumulator
+    const int ch = lane % LANES, part = lane / LANES;
+    float4 acc = {0.f, 0.f, 0.f, 0.f};  // columns 4 ch .. 4 ch + 3 of O
+    for (int s = part; s < num_splits; s += PARTS) {
+      const float4 O_s = *reinterpret_cast<const float4*>(O_partial + ((size_t)s * rows + row) * D + ch * 4);
+      read_O += 16;
+      acc = float4{fmaf(w[s], O_s.x, acc.x), fmaf(w[s], O_s.y, acc.y), fmaf(w[s], O_s.z, acc.z), fmaf(w[s], O_s.w, acc.w)};
+    }
+    for (int offset = LANES; offset < 32; offset <<= 1)  // the parts' sums, at d = 64
+      acc = float4{acc.x + __shfl_xor_sync(0xffffffffu, acc.x, offset), acc.y + __shfl_xor_sync(0xffffffffu, acc.y, offset),
+                   acc.z + __shfl_xor_sync(0xffffffffu, acc.z, offset), acc.w + __shfl_xor_sync(0xffffffffu, acc.w, offset)};
+
+    // -- the output, once, in the storage dtype
+    if (part == 0) {
+      *reinterpret_cast<uint2*>(O + (size_t)row * D + ch * 4) = uint2{St::pack(acc.x, acc.y), St::pack(acc.z, acc.w)};
+      written_O += 8;
+    }
+  }
+
+  if constexpr (INSTRUMENTED) {
+    __shared__ u64 scratch[THREADS / 32];
+    block_count<THREADS>(bytes_moved + 0, read_LSE, scratch);
+    block_count<THREADS>(bytes_moved + 1, read_O, scratch);
+    block_count<THREADS>(bytes_moved + 2, written_O, scratch);
+  }
+}
