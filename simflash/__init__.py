@@ -9,8 +9,10 @@ lecture" is *Lecture 1 - Attention Bottleneck and Roofline*.
 """
 
 from simflash import model
+from simflash._checkout import register as _register_checkout_backends
 from simflash.api import Run, RunConfig, flash_attention, flash_attention_steps, naive_attention
 from simflash.config import GPUS, GPUSpec
+from simflash.decoding import flash_decoding
 from simflash.memory import HBM, SRAM, Flow, SRAMOverflowError, Traffic
 from simflash.model.amdahl import amdahl
 from simflash.schedule import TileSchedule
@@ -18,6 +20,9 @@ from simflash.trace import TileStep, Trace
 
 __all__ = [
     "GPUS", "GPUSpec", "HBM", "SRAM", "Flow", "Run", "RunConfig", "SRAMOverflowError", "TileSchedule",
-    "TileStep", "Trace", "Traffic", "amdahl", "flash_attention", "flash_attention_steps", "model",
+    "TileStep", "Trace", "Traffic", "amdahl", "flash_attention", "flash_attention_steps", "flash_decoding", "model",
     "naive_attention",
 ]
+
+# Imported from a checkout, map simflash.backends to its backends/ (that one name, not the checkout root on __path__).
+_register_checkout_backends()

@@ -52,8 +52,8 @@ def test_counted_bytes_equal_a_fresh_simulation_for_the_small_configurations(val
         c = record["config"]
         q = rng.standard_normal((c["heads"], c["n_q"], c["d"]))
         k, v = (rng.standard_normal((c["heads"], c["n_kv"], c["d"])) for _ in range(2))
-        sim = sf.flash_attention(q, k, v, c["block_q"], c["block_kv"], c["causal"], c["causal_variant"],
-                                 dtype=c["dtype"], trace="none")
+        sim = sf.flash_attention(q, k, v, c["block_q"], c["block_kv"], causal=c["causal"],
+                                 causal_variant=c["causal_variant"], dtype=c["dtype"], trace="none")
         assert _traffic(record["traffic"]["instrumented"]) == sim.traffic, c
 
 
