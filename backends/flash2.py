@@ -89,8 +89,8 @@ def launch(kernel: Flash2Kernel, Q, K, V, O, sched: TileSchedule, scale: float, 
 
 
 def flash_attention(
-    q, k, v, block_q: int = 128, block_kv: int = 64, causal: bool = False, causal_variant: str = "upper_left",
-    scale: float | None = None, dtype: str = "float16", *, window: tuple[int, int] = (-1, -1),
+    q, k, v, block_q: int = 128, block_kv: int = 64, *, causal: bool = False, causal_variant: str = "upper_left",
+    scale: float | None = None, dtype: str = "float16", window: tuple[int, int] = (-1, -1),
     pack_gqa: bool = False, instrumented: bool = True, trace_head: int | None = None, trace_tile: int | None = None,
 ) -> GPURun:
     """FA-2 forward on the GPU. q: (..., H_q, n_q, d); k, v: (..., H_kv, n_kv, d); the simulator's checks,

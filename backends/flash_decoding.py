@@ -2,10 +2,10 @@
 simflash.flash_decoding.
 
 The tiling, the split count (FA-2's num_splits_heuristic on this GPU's SMs when none is given) and
-the checks are the simulator's (simflash.model.decode, simflash.schedule.SplitSchedule), imported when
-first used. `flash_decoding` takes host arrays and hands back a GPURun whose `traffic` (instrumented
-build) compares equal to `sf.model.flash_decoding_traffic(...)`; `DecodePath` is the device-array
-entry point the timing and profiling code uses.
+the checks are the simulator's (simflash.model.decode, simflash.schedule.SplitSchedule).
+`flash_decoding` takes host arrays and hands back a GPURun whose `traffic` (instrumented build)
+compares equal to `sf.model.flash_decoding_traffic(...)`; `DecodePath` is the device-array entry point
+the timing and profiling code uses.
 """
 
 from __future__ import annotations
@@ -26,24 +26,12 @@ from simflash.backends.kernels import (
 )
 from simflash.config import check_bool
 from simflash.memory import Flow, Traffic
+from simflash.model.decode import SPLIT_BLOCK_Q, default_block_kv, num_splits_heuristic
+from simflash.schedule import SplitSchedule, check_cache_seqlens
 
 SPLIT_KERNEL, COMBINE_KERNEL = "flash_decoding_split", "flash_decoding_combine"  # the ledger's kernel names
 SPLIT_COUNTED = ("Q", "K", "V", "O", "O_partial", "LSE_partial")  # order of the split kernel's counters
 COMBINE_COUNTED = ("LSE_partial", "O_partial", "O")  # and of the combine's
-
-
-def decode_model():
-    """simflash's Flash-Decoding model: simflash.model.decode (tiles, split heuristic) and
-    simflash.schedule (SplitSchedule: the split tiling, and its checks)."""
-    try:
-        from simflash import schedule
-        from simflash.model import decode
-
-        schedule.SplitSchedule  # noqa: B018 (present with the Flash-Decoding simulator)
-    except (ImportError, AttributeError) as error:
-        raise RuntimeError("the GPU Flash-Decoding path needs simflash's Flash-Decoding model "
-                           "(simflash.model.decode and simflash.schedule.SplitSchedule)") from error
-    return decode, schedule
 
 
 def device_sm_count() -> int:
@@ -53,23 +41,21 @@ def device_sm_count() -> int:
 
 def split_schedule(batch: int, heads: int, kv_heads: int, n_q: int, n_kv: int, d: int, num_splits: int | None = None,
                    pack_gqa: bool = True, cache_seqlens=None, causal: bool = False, window=(-1, -1),
-                   sm_count: int | None = None):
+                   sm_count: int | None = None) -> SplitSchedule:
     """The SplitSchedule the kernels run: FA-2's tiles for d, and num_splits or FA-2's heuristic, fed as
     FA-2 feeds it (CTAs of the split grid without splits; SMs x 2; KV tiles). heads, kv_heads: all
     batch elements'."""
-    decode, schedule = decode_model()
     if d not in DECODE_BLOCK_KV:
         raise ValueError(f"d must be one of {list(DECODE_BLOCK_KV)} for the GPU Flash-Decoding kernels, got {d}")
-    block_kv = decode.default_block_kv(d)
+    block_kv = default_block_kv(d)
     pack = heads // kv_heads if check_bool("pack_gqa", pack_gqa) else 1
     kv_tiles = -(-n_kv // block_kv)
     if num_splits is None:
-        q_tiles = -(-n_q * pack // decode.SPLIT_BLOCK_Q)
+        q_tiles = -(-n_q * pack // SPLIT_BLOCK_Q)
         sms = device_sm_count() if sm_count is None else sm_count
-        num_splits = decode.num_splits_heuristic(heads // pack * q_tiles, 2 * sms, kv_tiles)
-    seqlens = schedule.check_cache_seqlens(cache_seqlens, batch, n_kv)
-    return schedule.SplitSchedule(n_q, n_kv, decode.SPLIT_BLOCK_Q, block_kv, num_splits, seqlens, check_bool("causal", causal),
-                         window, pack)
+        num_splits = num_splits_heuristic(heads // pack * q_tiles, 2 * sms, kv_tiles)
+    return SplitSchedule(n_q, n_kv, SPLIT_BLOCK_Q, block_kv, num_splits, check_cache_seqlens(cache_seqlens, batch, n_kv),
+                         check_bool("causal", causal), window, pack)
 
 
 @attrs.define
@@ -81,7 +67,7 @@ class DecodePath:
     K: object  # (batch x H_kv, n_kv, d)
     V: object  # (batch x H_kv, n_kv, d)
     batch: int
-    sched: object  # SplitSchedule
+    sched: SplitSchedule
     scale: float
     dtype: str = "float16"
     instrumented: bool = False
@@ -165,9 +151,8 @@ class DecodePath:
 
 
 def flash_decoding(
-    q, k, v, num_splits: int | None = None, pack_gqa: bool = True, cache_seqlens=None, causal: bool = False,
-    window: tuple[int, int] = (-1, -1), scale: float | None = None, dtype: str = "float16", *,
-    instrumented: bool = True,
+    q, k, v, num_splits: int | None = None, *, pack_gqa: bool = True, cache_seqlens=None, causal: bool = False,
+    window: tuple[int, int] = (-1, -1), scale: float | None = None, dtype: str = "float16", instrumented: bool = True,
 ) -> GPURun:
     """Flash-Decoding on the GPU. q: (batch, H_q, n_q, d) or (H_q, n_q, d); k, v: (batch, H_kv, n_kv, d) or
     (H_kv, n_kv, d); the arguments of sf.flash_decoding, with FA-2's KV tile for d (DECODE_BLOCK_KV).
