@@ -22,7 +22,7 @@ KERNEL = "flash2_forward"  # the ledger's kernel name, as in the simulator
 COUNTED_TENSORS = ("Q", "K", "V", "O")  # order of the kernel's bytes_moved counters
 # Output poison: a NaN bit pattern per storage dtype, so an element the kernel never wrote shows up.
 POISON_BITS = {"float16": 0x7E00, "bfloat16": 0x7FC0}
-UNBOUNDED = 1 << 30  # a window side with no bound, as the kernels take it (SIMFLASH_UNBOUNDED)
+UNBOUNDED = 1 << 30  # a window side with no bound, as the kernels take it (flash2_tile.cuh's Visibility)
 
 
 @attrs.frozen

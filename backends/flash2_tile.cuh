@@ -9,10 +9,8 @@
 #pragma once
 #include "ptx.cuh"
 
-// A window side with no bound: past any sequence, and far from overflowing pos + off +- it.
-#define SIMFLASH_UNBOUNDED (1 << 30)
-
-// Keys query position pos sees: c in [pos + off - left, pos + off + right] and c < n_kv.
+// Keys query position pos sees: c in [pos + off - left, pos + off + right] and c < n_kv. A side with no
+// bound comes as 1 << 30: past any sequence, and far from overflowing pos + off +- it.
 struct Visibility {
   int n_kv, off, left, right;
   __device__ __forceinline__ int first_col(int pos) const { return max(0, pos + off - left); }
