@@ -7,8 +7,8 @@ flushed before every call, so the cache streams from HBM as a decode step's does
 
 - our FA-2 kernel at T_r = 1: a group's query heads packed into one tile per K/V head, and unpacked (a
   CTA per query head, each reading its group's K/V);
-- our Flash-Decoding: FA-2's heuristic split count on this GPU, and a sweep of split counts where the
-  grid is small;
+- our Flash-Decoding: FA-2's heuristic split count on this GPU, and where the grid is small a sweep of
+  split counts and FA-2's own KV tile (twice ours: one CTA an SM, see kernels.DECODE_BLOCK_KV);
 - PyTorch SDPA with one query token (enable_gqa=True), whichever backend it picks (`sdpa_kernels`
   records the kernels it ran).
 
@@ -131,7 +131,8 @@ def sdpa_kernels(fn) -> list[str]:
 
 
 def bench_config(c: DecodeBenchConfig, inputs: Inputs, flush, gpu: str = "H200", sweep: bool = False) -> dict:
-    """Time one configuration every way; outputs of ours against SDPA's, max abs."""
+    """Time one configuration every way; outputs of ours against SDPA's, max abs. sweep: also the split
+    sweep and FA-2's KV tile."""
     cupy = import_cupy()
     peak = sf.GPUS[gpu].hbm_bytes_per_s
     Q, K, V = inputs.arrays(c)
@@ -151,17 +152,18 @@ def bench_config(c: DecodeBenchConfig, inputs: Inputs, flush, gpu: str = "H200",
         outputs[name] = O
 
     # -- Flash-Decoding: FA-2's heuristic split count, then the sweep
-    def decode(num_splits):
-        sched = split_schedule(c.batch, c.batch * c.heads, c.batch * c.kv_heads, 1, c.n_kv, c.d, num_splits)
+    def decode(num_splits, block_kv=None):
+        sched = split_schedule(c.batch, c.batch * c.heads, c.batch * c.kv_heads, 1, c.n_kv, c.d, num_splits, block_kv)
         path = DecodePath(Q, K, V, c.batch, sched, scale, DTYPE)
         timing = _bandwidth(time_ms(path.run, flush, **TIMING), c.kv_bytes, peak)
-        return {"num_splits": sched.num_splits, "split_ctas": sched.n_q_tiles * sched.num_splits * c.batch * c.kv_heads,
-                **timing}, path.O
+        return {"num_splits": sched.num_splits, "block_kv": sched.block_kv,
+                "split_ctas": sched.n_q_tiles * sched.num_splits * c.batch * c.kv_heads, **timing}, path.O
 
     row["flash_decoding"], outputs["flash_decoding"] = decode(None)
     if sweep:
-        tiles = -(-c.n_kv // DECODE_BLOCK_KV[c.d])
+        tiles = -(-c.n_kv // DECODE_BLOCK_KV[c.d][0])
         row["flash_decoding_sweep"] = [decode(s)[0] for s in SPLITS if s <= tiles]
+        row["flash_decoding_fa2_tile"] = decode(None, DECODE_BLOCK_KV[c.d][1])[0]
 
     # -- PyTorch SDPA on the same memory
     torch = _torch()
@@ -188,10 +190,16 @@ def bench(configs: list[DecodeBenchConfig], seed: int = 0, gpu: str = "H200", pr
     cupy = import_cupy()
     inputs = Inputs.for_configs(configs, seed)
     l2 = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["l2CacheSize"]
-    scratch = cupy.zeros(2 * l2, dtype=cupy.uint8)  # read before every timed call: the L2 holds none of the cache
+    # Read before every timed call: the L2 then holds none of the cache, and the GPU is busy while the
+    # host queues the call's kernels, so host launch time stays out of the measured span.
+    scratch = cupy.zeros(4 * l2, dtype=cupy.uint8)
+
+    def flush() -> None:
+        scratch.max()
+
     rows = []
     for config in configs:
-        rows.append(bench_config(config, inputs, scratch.max, gpu,
+        rows.append(bench_config(config, inputs, flush, gpu,
                                  sweep=config.batch * config.kv_heads <= SWEEP_MAX_BATCH_HEADS))
         if progress is not None:
             progress(rows[-1])

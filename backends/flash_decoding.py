@@ -16,7 +16,6 @@ import numpy as np
 from simflash.api import prepare_inputs
 from simflash.backends.flash2 import GPURun, bounds, device_view, poisoned_output
 from simflash.backends.kernels import (
-    COMBINE_ROWS,
     DECODE_BLOCK_KV,
     DECODE_THREADS,
     DecodeCombineKernel,
@@ -26,7 +25,7 @@ from simflash.backends.kernels import (
 )
 from simflash.config import check_bool
 from simflash.memory import Flow, Traffic
-from simflash.model.decode import SPLIT_BLOCK_Q, default_block_kv, num_splits_heuristic
+from simflash.model.decode import SPLIT_BLOCK_Q, num_splits_heuristic
 from simflash.schedule import SplitSchedule, check_cache_seqlens
 
 SPLIT_KERNEL, COMBINE_KERNEL = "flash_decoding_split", "flash_decoding_combine"  # the ledger's kernel names
@@ -40,14 +39,17 @@ def device_sm_count() -> int:
 
 
 def split_schedule(batch: int, heads: int, kv_heads: int, n_q: int, n_kv: int, d: int, num_splits: int | None = None,
-                   pack_gqa: bool = True, cache_seqlens=None, causal: bool = False, window=(-1, -1),
-                   sm_count: int | None = None) -> SplitSchedule:
-    """The SplitSchedule the kernels run: FA-2's tiles for d, and num_splits or FA-2's heuristic, fed as
-    FA-2 feeds it (CTAs of the split grid without splits; SMs x 2; KV tiles). heads, kv_heads: all
-    batch elements'."""
+                   block_kv: int | None = None, pack_gqa: bool = True, cache_seqlens=None, causal: bool = False,
+                   window=(-1, -1), sm_count: int | None = None) -> SplitSchedule:
+    """The SplitSchedule the kernels run: 64-row query tiles, KV tiles of block_kv rows (None: the
+    default of DECODE_BLOCK_KV[d]), and num_splits or FA-2's heuristic, fed as FA-2 feeds it (CTAs of the
+    split grid without splits; SMs x 2; KV tiles). heads, kv_heads: all batch elements'."""
     if d not in DECODE_BLOCK_KV:
         raise ValueError(f"d must be one of {list(DECODE_BLOCK_KV)} for the GPU Flash-Decoding kernels, got {d}")
-    block_kv = default_block_kv(d)
+    block_kv = DECODE_BLOCK_KV[d][0] if block_kv is None else block_kv
+    if block_kv not in DECODE_BLOCK_KV[d]:
+        raise ValueError(f"block_kv must be one of {list(DECODE_BLOCK_KV[d])} at d = {d} for the GPU Flash-Decoding "
+                         f"kernels, got {block_kv!r}")
     pack = heads // kv_heads if check_bool("pack_gqa", pack_gqa) else 1
     kv_tiles = -(-n_kv // block_kv)
     if num_splits is None:
@@ -94,7 +96,7 @@ class DecodePath:
     @property
     def split_kernel(self) -> DecodeSplitKernel:
         rows = min(self.sched.block_q, self.sched.n_q * self.sched.pack)  # a query tile's
-        return DecodeSplitKernel(self.dtype, self.Q.shape[2], decode_slices(rows), self.instrumented)
+        return DecodeSplitKernel(self.dtype, self.Q.shape[2], self.sched.block_kv, decode_slices(rows), self.instrumented)
 
     @property
     def combine_kernel(self) -> DecodeCombineKernel:
@@ -120,7 +122,7 @@ class DecodePath:
             rows = heads * n_q
             combine = self.combine_kernel
             combine.function(s.num_splits)(
-                (-(-rows // COMBINE_ROWS),), (COMBINE_ROWS * 32,),
+                (rows,), (DECODE_THREADS,),
                 (self.O_partial, self.LSE_partial, self.O, np.int32(rows), np.int32(s.num_splits),
                  self.counters[len(SPLIT_COUNTED):] if self.instrumented else null),
                 shared_mem=combine.shared_bytes(s.num_splits),
@@ -151,18 +153,19 @@ class DecodePath:
 
 
 def flash_decoding(
-    q, k, v, num_splits: int | None = None, *, pack_gqa: bool = True, cache_seqlens=None, causal: bool = False,
-    window: tuple[int, int] = (-1, -1), scale: float | None = None, dtype: str = "float16", instrumented: bool = True,
+    q, k, v, num_splits: int | None = None, block_kv: int | None = None, *, pack_gqa: bool = True,
+    cache_seqlens=None, causal: bool = False, window: tuple[int, int] = (-1, -1), scale: float | None = None,
+    dtype: str = "float16", instrumented: bool = True,
 ) -> GPURun:
     """Flash-Decoding on the GPU. q: (batch, H_q, n_q, d) or (H_q, n_q, d); k, v: (batch, H_kv, n_kv, d) or
-    (H_kv, n_kv, d); the arguments of sf.flash_decoding, with FA-2's KV tile for d (DECODE_BLOCK_KV).
-    num_splits None: FA-2's heuristic on this GPU's SMs."""
+    (H_kv, n_kv, d); the arguments of sf.flash_decoding. block_kv: one of DECODE_BLOCK_KV[d] (None: its
+    first); num_splits None: FA-2's heuristic on this GPU's SMs."""
     if np.ndim(q) not in (3, 4):
         raise ValueError(f"q must have shape (batch, H_q, n_q, d) or (H_q, n_q, d), got shape {np.shape(q)}")
     Q, K, V, scale = prepare_inputs(q, k, v, dtype, scale, "lower_right")
     batch = np.shape(q)[0] if np.ndim(q) == 4 else 1
-    sched = split_schedule(batch, Q.shape[0], K.shape[0], Q.shape[1], K.shape[1], Q.shape[2], num_splits, pack_gqa,
-                           cache_seqlens, causal, window)
+    sched = split_schedule(batch, Q.shape[0], K.shape[0], Q.shape[1], K.shape[1], Q.shape[2], num_splits, block_kv,
+                           pack_gqa, cache_seqlens, causal, window)
     path = DecodePath(device_view(Q, dtype), device_view(K, dtype), device_view(V, dtype), batch, sched, scale, dtype,
                       bool(instrumented))
     path.run()

@@ -8,9 +8,10 @@
 // A split that saw no key of a row (LSE_s = -inf) weighs 0; a row no split saw (lse_max taken as 0, the
 // sum 0, LSE = +inf) outputs 0, never NaN.
 //
-// One warp per row, 4 rows per CTA (FA-2's kBlockM at d = 128). The row's LSE_s, a split per lane, are
-// reduced across the warp and kept in shared memory as the weights; then every split's O_s row, 16
-// bytes a lane (at d = 64 the two half-warps take alternate splits), is scaled and summed in registers.
+// One CTA per row, as decoding has few rows and many splits: warp 0 reads the row's LSE_s (a split a
+// lane) and reduces them to the weights in shared memory; then all 4 warps take alternate splits' O_s
+// rows, 16 bytes a lane, so that the loads of many splits are in flight together, and their partial
+// sums meet in shared memory.
 //
 // INSTRUMENTED (compile-time): count the HBM bytes each load and store moved per tensor, one atomic per
 // CTA per tensor.
@@ -27,7 +28,7 @@ static __device__ __forceinline__ float warp_sum(float x) {
 }
 
 template <int DT, int D, bool INSTRUMENTED>
-__global__ void __launch_bounds__(128, 8) flash_decoding_combine(  // 8 CTAs an SM: room for the unrolled loads
+__global__ void __launch_bounds__(128) flash_decoding_combine(
     const float* __restrict__ O_partial,    // (num_splits, rows, D)
     const float* __restrict__ LSE_partial,  // (num_splits, rows)
     storage_t* __restrict__ O,              // (rows, D)
@@ -35,18 +36,17 @@ __global__ void __launch_bounds__(128, 8) flash_decoding_combine(  // 8 CTAs an 
     u64* __restrict__ bytes_moved) {        // INSTRUMENTED: [LSE_partial, O_partial read; O written]
   using St = Storage<DT>;
   constexpr int THREADS = 128;
-  constexpr int LANES = D / 4;          // lanes holding a row: 4 floats each
-  constexpr int PARTS = 32 / LANES;     // groups of lanes taking alternate splits
-  static_assert(LANES * PARTS == 32, "a row must fill the warp");
-  extern __shared__ float weights[];    // (4 warps, num_splits): w_s of each warp's row
+  constexpr int LANES = D / 4;             // threads holding a row: 4 floats each
+  constexpr int PARTS = THREADS / LANES;   // groups of them taking alternate splits
+  extern __shared__ float w[];             // (num_splits,) the row's weights
+  __shared__ float4 part_sum[PARTS][LANES];
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int row = blockIdx.x * (THREADS / 32) + warp;
-  float* w = weights + warp * num_splits;
+  const int row = blockIdx.x;
   u64 read_LSE = 0, read_O = 0, written_O = 0;  // INSTRUMENTED counts of this thread
 
-  if (row < rows) {
-    // -- every split's logsumexp of this row: lse_max, then the sum, over the warp
+  // -- every split's logsumexp of this row: lse_max, then the sum, over warp 0
+  if (warp == 0) {
     float lse_max = SIMFLASH_NEG_INF;
     for (int s = lane; s < num_splits; s += 32) {
       w[s] = LSE_partial[(size_t)s * rows + row];
@@ -60,25 +60,29 @@ __global__ void __launch_bounds__(128, 8) flash_decoding_combine(  // 8 CTAs an 
     lse_sum = warp_sum(lse_sum);
     const float LSE = lse_sum > 0.f ? logf(lse_sum) + lse_max : __int_as_float(0x7f800000);  // +inf: every w_s = 0
     for (int s = lane; s < num_splits; s += 32) w[s] = expf(w[s] - LSE);
-    __syncwarp();
+  }
+  __syncthreads();
 
-    // -- stream every split's partial output, scaled by its weight, into the accumulator
-    const int ch = lane % LANES, part = lane / LANES;
-    float4 acc = {0.f, 0.f, 0.f, 0.f};  // columns 4 ch .. 4 ch + 3 of O
-    for (int s = part; s < num_splits; s += PARTS) {
-      const float4 O_s = *reinterpret_cast<const float4*>(O_partial + ((size_t)s * rows + row) * D + ch * 4);
-      read_O += 16;
-      acc = float4{fmaf(w[s], O_s.x, acc.x), fmaf(w[s], O_s.y, acc.y), fmaf(w[s], O_s.z, acc.z), fmaf(w[s], O_s.w, acc.w)};
-    }
-    for (int offset = LANES; offset < 32; offset <<= 1)  // the parts' sums, at d = 64
-      acc = float4{acc.x + __shfl_xor_sync(0xffffffffu, acc.x, offset), acc.y + __shfl_xor_sync(0xffffffffu, acc.y, offset),
-                   acc.z + __shfl_xor_sync(0xffffffffu, acc.z, offset), acc.w + __shfl_xor_sync(0xffffffffu, acc.w, offset)};
+  // -- stream every split's partial output, scaled by its weight, into the accumulators
+  const int ch = threadIdx.x % LANES, part = threadIdx.x / LANES;
+  float4 acc = {0.f, 0.f, 0.f, 0.f};  // columns 4 ch .. 4 ch + 3 of O
+#pragma unroll 4
+  for (int s = part; s < num_splits; s += PARTS) {
+    const float4 O_s = *reinterpret_cast<const float4*>(O_partial + ((size_t)s * rows + row) * D + ch * 4);
+    read_O += 16;
+    acc = float4{fmaf(w[s], O_s.x, acc.x), fmaf(w[s], O_s.y, acc.y), fmaf(w[s], O_s.z, acc.z), fmaf(w[s], O_s.w, acc.w)};
+  }
+  part_sum[part][ch] = acc;
+  __syncthreads();
 
-    // -- the output, once, in the storage dtype
-    if (part == 0) {
-      *reinterpret_cast<uint2*>(O + (size_t)row * D + ch * 4) = uint2{St::pack(acc.x, acc.y), St::pack(acc.z, acc.w)};
-      written_O += 8;
+  // -- the output, once, in the storage dtype
+  if (part == 0) {
+    for (int p = 1; p < PARTS; ++p) {
+      const float4 other = part_sum[p][ch];
+      acc = float4{acc.x + other.x, acc.y + other.y, acc.z + other.z, acc.w + other.w};
     }
+    *reinterpret_cast<uint2*>(O + (size_t)row * D + ch * 4) = uint2{St::pack(acc.x, acc.y), St::pack(acc.z, acc.w)};
+    written_O += 8;
   }
 
   if constexpr (INSTRUMENTED) {

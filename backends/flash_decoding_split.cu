@@ -18,13 +18,14 @@
 // rows: one of at most 16 (32) puts all 4 warps on its one (two) row groups, each taking a quarter (a
 // half) of every KV tile's keys (SLICES), merged at the end. STAGES KV tiles stream through shared
 // memory, two ahead of the one computed: reading K and V at full bandwidth is the kernel's whole job.
+// With B_c x D = 8192 (64-row tiles at d = 128), Q_i and the stages take 112 KiB: two CTAs an SM.
 //
 // INSTRUMENTED (compile-time): count the HBM bytes each load and store moved per tensor, one atomic per
 // CTA per tensor.
 #include "flash2_tile.cuh"
 
 template <int DT, int B_c, int D, int SLICES, bool INSTRUMENTED>
-__global__ void __launch_bounds__(128, 1) flash_decoding_split(  // one CTA an SM: its shared memory
+__global__ void __launch_bounds__(128, 2) flash_decoding_split(  // two CTAs an SM
     const storage_t* __restrict__ Q,        // (batch x H_q, n_q, D)
     const storage_t* __restrict__ K,        // (batch x H_kv, n_kv, D), n_kv rows allocated
     const storage_t* __restrict__ V,        // (batch x H_kv, n_kv, D)

@@ -18,14 +18,15 @@ STORAGE_TYPES = {"float16": 0, "bfloat16": 1}
 HEAD_DIMS = (64, 128, 256)
 BLOCK_Q = (64, 128)  # B_r: a multiple of 16, one warp per 16 rows
 BLOCK_KV = (32, 64, 128)  # B_c: a multiple of 16
-# Flash-Decoding (flash_decoding_split.cu): FA-2's split-KV tiles, 64 query rows and, by head dim, KV
-# tiles of 256 rows at d = 64 and 128 at d = 128 (flash_api.cpp's set_params_splitkv), 3 stages deep.
+# Flash-Decoding (flash_decoding_split.cu): FA-2's split-KV query tiles of 64 rows, KV tiles 3 stages
+# deep. KV tiles by head dim, the default first: half of FA-2's (flash_api.cpp's set_params_splitkv), so
+# that Q_i and the stages fit twice in an SM, as FA-2's split heuristic assumes (it counts 2 CTAs an SM);
+# FA-2's own, 256 rows at d = 64 and 128 at d = 128, fit once.
 DECODE_BLOCK_Q = 64
-DECODE_BLOCK_KV = {64: 256, 128: 128}
+DECODE_BLOCK_KV = {64: (128, 256), 128: (64, 128)}
 DECODE_SLICES = (1, 2, 4)  # warps sharing a 16-row group of the query tile
 DECODE_THREADS = 128
 DECODE_STAGES = 3
-COMBINE_ROWS = 4  # flash_decoding_combine.cu: rows per CTA, a warp each
 COMPILE_OPTIONS = ("--std=c++17",)
 SOFTMAX_THREADS = 256  # naive_softmax.cu's block size
 CUPY_HINT = "install CuPy for your CUDA version: pip install 'simflash[cuda13]' (or 'simflash[cuda12]')"
@@ -153,17 +154,15 @@ class DecodeSplitKernel:
 
     dtype: str = "float16"
     d: int = 128
+    block_kv: int = 64
     slices: int = 4
     instrumented: bool = False
 
     def __attrs_post_init__(self) -> None:
         _choice("dtype", self.dtype, STORAGE_TYPES)
         _choice("d", self.d, DECODE_BLOCK_KV)
+        _choice("block_kv", self.block_kv, DECODE_BLOCK_KV[self.d])
         _choice("slices", self.slices, DECODE_SLICES)
-
-    @property
-    def block_kv(self) -> int:
-        return DECODE_BLOCK_KV[self.d]
 
     @property
     def name_expression(self) -> str:
@@ -202,8 +201,8 @@ class DecodeCombineKernel:
 
     @staticmethod
     def shared_bytes(num_splits: int) -> int:
-        """Dynamic shared memory: each warp's row's weights, one float a split."""
-        return COMBINE_ROWS * num_splits * 4
+        """Dynamic shared memory: the row's weights, one float a split."""
+        return num_splits * 4
 
     def function(self, num_splits: int):
         what = f"flash_decoding_combine with {num_splits} splits"
@@ -211,8 +210,7 @@ class DecodeCombineKernel:
                            self.shared_bytes(num_splits), what)
 
     def resources(self, num_splits: int) -> dict:
-        return resources(self.function(num_splits), self.name_expression, COMBINE_ROWS * 32,
-                         self.shared_bytes(num_splits))
+        return resources(self.function(num_splits), self.name_expression, DECODE_THREADS, self.shared_bytes(num_splits))
 
 
 @attrs.frozen
@@ -240,7 +238,7 @@ def supported() -> dict:
     KV tile)."""
     return {"dtype": list(STORAGE_TYPES), "d": list(HEAD_DIMS), "block_q": list(BLOCK_Q), "block_kv": list(BLOCK_KV),
             "decode": {"d": list(DECODE_BLOCK_KV), "block_q": DECODE_BLOCK_Q,
-                       "block_kv": {str(d): b for d, b in DECODE_BLOCK_KV.items()}}}
+                       "block_kv": {str(d): list(b) for d, b in DECODE_BLOCK_KV.items()}}}
 
 
 def device_info() -> dict:

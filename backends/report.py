@@ -87,7 +87,7 @@ def gqa_window_table(result: dict) -> Table:
 
 def decode_table(result: dict) -> Table:
     """One row per Flash-Decoding configuration."""
-    headers = ["dtype", "batch", "H_q / H_kv", "packed", "n_q", "n_kv", "cache lengths", "d", "mask", "splits",
+    headers = ["dtype", "batch", "H_q / H_kv", "packed", "n_q", "n_kv", "cache lengths", "d", "B_c", "mask", "splits",
                "max abs error GPU", "2 x naive + atol", "2x rule", "SDPA max abs diff", "bytes = simulator = model",
                "timed = instrumented"]
     rows = []
@@ -98,7 +98,8 @@ def decode_table(result: dict) -> Table:
         splits = f"{record['num_splits']}" + (" (heuristic)" if c["num_splits"] is None else "")
         sdpa = record["sdpa"]
         rows.append([c["dtype"], str(c["batch"]), f"{c['heads']} / {c['kv_heads']}", "yes" if c["pack_gqa"] else "no",
-                     str(c["n_q"]), str(c["n_kv"]), lengths, str(c["d"]), mask, splits, f"{error['max_abs']:.2e}",
+                     str(c["n_q"]), str(c["n_kv"]), lengths, str(c["d"]), str(record["block_kv"]), mask, splits,
+                     f"{error['max_abs']:.2e}",
                      f"{error['bound']:.2e}", _yes(error["fa_rule"]),
                      sdpa.get("skipped") or f"{sdpa['max_abs_diff']:.2e}" + ("" if sdpa["within_bound"] else " (over)"),
                      _yes(record["traffic"]["equals_simulator"] and record["traffic"]["equals_model"]),
@@ -113,14 +114,16 @@ def _gbps(timing: dict) -> str:
 def decode_bench_table(result: dict) -> Table:
     """One row per (batch x K/V heads, cache length): K/V GB/s and % of HBM peak of each method."""
     headers = ["batch x H_kv", "n_kv", "K/V MiB", "FA-2 T_r=1 packed", "FA-2 T_r=1 unpacked",
-               "Flash-Decoding (splits)", "best of the split sweep (splits)", "SDPA"]
+               "Flash-Decoding (splits)", "best of the split sweep (splits)", "with FA-2's KV tile (splits)", "SDPA"]
     rows = []
     for row in result["rows"]:
         c, fd = row["config"], row["flash_decoding"]
         sweep = max(row.get("flash_decoding_sweep", []), key=lambda t: t["GBps"], default=None)
+        fa2_tile = row.get("flash_decoding_fa2_tile")
         rows.append([f"{c['batch']} x {c['kv_heads']}", f"{c['n_kv'] // 1024}k", _mib(row["kv_bytes"]),
                      _gbps(row["fa2_packed"]), _gbps(row["fa2_unpacked"]), f"{_gbps(fd)} ({fd['num_splits']})",
-                     "–" if sweep is None else f"{_gbps(sweep)} ({sweep['num_splits']})", _gbps(row["sdpa"])])
+                     "–" if sweep is None else f"{_gbps(sweep)} ({sweep['num_splits']})",
+                     "–" if fa2_tile is None else f"{_gbps(fa2_tile)} ({fa2_tile['num_splits']})", _gbps(row["sdpa"])])
     return headers, rows
 
 

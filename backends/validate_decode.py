@@ -35,10 +35,15 @@ class DecodeConfig:
     d: int
     dtype: str
     num_splits: int | None = None  # None: FA-2's heuristic on the GPU's SMs
+    block_kv: int | None = None  # None: the kernels' default for d
     pack_gqa: bool = True
     cache_seqlens: tuple[int, ...] | None = attrs.field(default=None, converter=lambda x: None if x is None else tuple(x))
     causal: bool = False
     window: tuple[int, int] = attrs.field(default=(-1, -1), converter=tuple)
+
+    @property
+    def tile(self) -> int:
+        return DECODE_BLOCK_KV[self.d][0] if self.block_kv is None else self.block_kv
 
     @property
     def seqlens(self) -> tuple[int, ...]:
@@ -50,14 +55,14 @@ class DecodeConfig:
         extra = ("" if self.cache_seqlens is None else f" seqlens={list(self.cache_seqlens)}") + (
             " causal" if self.causal else "") + ("" if self.window == (-1, -1) else f" window={self.window}")
         return (f"{self.dtype} batch={self.batch} H_q={self.heads} H_kv={self.kv_heads} n_q={self.n_q} "
-                f"n_kv={self.n_kv} d={self.d} {splits} {'packed' if self.pack_gqa else 'unpacked'}{extra}")
+                f"n_kv={self.n_kv} d={self.d} B_c={self.tile} {splits} {'packed' if self.pack_gqa else 'unpacked'}{extra}")
 
 
 def decode_configs() -> list[DecodeConfig]:
     """Groups 1, 4, 8 (8 query heads), packed and not; one query row and several (tiles of 1 to 96
     packed rows: all three slicings of a tile's warps, and two query tiles); heuristic, one, several
     and the most splits; ragged cache lengths (splits and whole query tiles with nothing to visit),
-    causal, windows; d = 64 and 128; float16 and bfloat16."""
+    causal, windows; d = 64 and 128, each KV tile built; float16 and bfloat16."""
     return [
         DecodeConfig(1, 8, 8, 1, 1000, 128, "float16"),
         DecodeConfig(1, 8, 2, 1, 4096, 128, "bfloat16"),
@@ -75,12 +80,14 @@ def decode_configs() -> list[DecodeConfig]:
         DecodeConfig(2, 8, 4, 8, 1000, 128, "float16", num_splits=2, pack_gqa=False, cache_seqlens=(4, 1000),
                      causal=True),
         DecodeConfig(2, 8, 2, 8, 1500, 128, "bfloat16", num_splits=6, cache_seqlens=(1500, 700), causal=True),
+        DecodeConfig(2, 8, 2, 1, 4096, 128, "float16", block_kv=128, cache_seqlens=(4096, 1000)),
+        DecodeConfig(2, 8, 1, 4, 3000, 64, "bfloat16", num_splits=3, block_kv=256, causal=True, window=(300, 0)),
     ]
 
 
 def _split_count(c: DecodeConfig) -> int:
     return flash_decoding.split_schedule(c.batch, c.batch * c.heads, c.batch * c.kv_heads, c.n_q, c.n_kv, c.d,
-                                         c.num_splits, c.pack_gqa).num_splits
+                                         c.num_splits, c.tile, c.pack_gqa).num_splits
 
 
 def _by_batch(c: DecodeConfig, q, k, v, attend) -> np.ndarray:
@@ -112,14 +119,14 @@ def check(config: DecodeConfig, rng: np.random.Generator) -> dict:
     k = rng.standard_normal((c.batch, c.kv_heads, c.n_kv, c.d), dtype=np.float32)
     v = rng.standard_normal((c.batch, c.kv_heads, c.n_kv, c.d), dtype=np.float32)
     splits = _split_count(c)
-    common = dict(num_splits=splits, pack_gqa=c.pack_gqa, cache_seqlens=c.cache_seqlens, causal=c.causal,
-                  window=c.window, dtype=c.dtype)
+    common = dict(num_splits=splits, block_kv=c.tile, pack_gqa=c.pack_gqa, cache_seqlens=c.cache_seqlens,
+                  causal=c.causal, window=c.window, dtype=c.dtype)
 
     gpu = flash_decoding.flash_decoding(q, k, v, **common)
     timed = flash_decoding.flash_decoding(q, k, v, **common, instrumented=False)
-    sim = sf.flash_decoding(q, k, v, block_kv=DECODE_BLOCK_KV[c.d], **common)
+    sim = sf.flash_decoding(q, k, v, **common)
     model = sf.model.flash_decoding_traffic(c.n_kv, c.d, batch=c.batch, heads=c.heads, kv_heads=c.kv_heads, n_q=c.n_q,
-                                            num_splits=splits, block_kv=DECODE_BLOCK_KV[c.d], pack_gqa=c.pack_gqa,
+                                            num_splits=splits, block_kv=c.tile, pack_gqa=c.pack_gqa,
                                             cache_seqlens=c.cache_seqlens, causal=c.causal, window=c.window,
                                             dtype=c.dtype)
     masks = dict(causal=c.causal, causal_variant="lower_right", dtype=c.dtype, window=c.window)
@@ -129,6 +136,7 @@ def check(config: DecodeConfig, rng: np.random.Generator) -> dict:
     record = {
         "config": attrs.asdict(c),
         "num_splits": splits,
+        "block_kv": c.tile,
         "error": {"max_abs": rule.error, "naive_max_abs": rule.naive_error, "bound": rule.bound,
                   "fa_rule": rule.passed,
                   "gpu_vs_simulator_max_abs": float(np.abs(gpu.out.astype(np.float64) - sim.out.astype(np.float64)).max())},

@@ -49,11 +49,14 @@ def test_name_expressions_and_shared_memory_follow_the_configuration():
     assert kernel.threads == 64 // 16 * 32
     assert kernel.shared_bytes == (64 + 2 * 2 * 128) * 128 * 2  # Q_i, then K_j and V_j double-buffered
     assert SoftmaxKernel("float16").name_expression == "naive_softmax<0, false>"
-    split = DecodeSplitKernel("bfloat16", 64, 2, instrumented=True)
+    split = DecodeSplitKernel("bfloat16", 64, 256, 2, instrumented=True)
     assert split.name_expression == "flash_decoding_split<1, 256, 64, 2, true>"  # FA-2's 256-row KV tiles at d = 64
     assert split.shared_bytes == (64 + 3 * 2 * 256) * 64 * 2  # Q_i, then 3 stages of K_j and V_j
+    # the default tiles: Q_i and the stages fit twice in an H200 SM (228 KiB, 1 KiB reserved per CTA)
+    assert all(2 * (DecodeSplitKernel(d=d, block_kv=tiles[0]).shared_bytes + 1024) <= 228 * 1024
+               for d, tiles in DECODE_BLOCK_KV.items())
     assert DecodeCombineKernel("float16", 128).name_expression == "flash_decoding_combine<0, 128, false>"
-    assert DecodeCombineKernel.shared_bytes(7) == 4 * 7 * 4  # a weight per split for each of 4 rows
+    assert DecodeCombineKernel.shared_bytes(7) == 7 * 4  # a weight per split
 
 
 def test_a_decode_tile_s_warps_share_its_row_groups():
@@ -92,11 +95,12 @@ def test_the_supported_set_is_what_the_docs_promise():
     assert list(STORAGE_TYPES) == ["float16", "bfloat16"]
     assert HEAD_DIMS == (64, 128, 256) and BLOCK_Q == (64, 128) and BLOCK_KV == (32, 64, 128)
     assert 128 in BLOCK_Q and 64 in BLOCK_KV  # the simulator's default tiles are built
-    assert DECODE_BLOCK_KV == {64: 256, 128: 128} and DECODE_SLICES == (1, 2, 4)
+    assert DECODE_BLOCK_KV == {64: (128, 256), 128: (64, 128)} and DECODE_SLICES == (1, 2, 4)
 
 
 @pytest.mark.parametrize(("kernel", "change", "argument"),
                          [(DecodeSplitKernel, dict(d=256), "d"), (DecodeSplitKernel, dict(slices=3), "slices"),
+                          (DecodeSplitKernel, dict(d=64, block_kv=64), "block_kv"),
                           (DecodeCombineKernel, dict(dtype="float32"), "dtype")])
 def test_decode_configurations_not_built_are_refused_naming_the_argument(kernel, change, argument):
     with pytest.raises(ValueError, match=rf"^{argument} must be one of .* for the GPU kernel"):
@@ -115,8 +119,9 @@ SIGNATURE = ("(const storage_t*, const storage_t*, const storage_t*, storage_t*,
              "int, u64*, int, int, float*, float*)")
 SPLIT_SIGNATURE = ("(const storage_t*, const storage_t*, const storage_t*, storage_t*, float*, float*, const int*, int, "
                    "int, float, int, int, int, int, int, int, u64*)")
-SPLITS = [DecodeSplitKernel(dtype, d, slices, instrumented) for dtype in STORAGE_TYPES for d in DECODE_BLOCK_KV
-          for slices in DECODE_SLICES for instrumented in (False, True)]
+SPLITS = [DecodeSplitKernel(dtype, d, block_kv, slices, instrumented) for dtype in STORAGE_TYPES
+          for d, tiles in DECODE_BLOCK_KV.items() for block_kv in tiles for slices in DECODE_SLICES
+          for instrumented in (False, True)]
 COMBINES = [DecodeCombineKernel(dtype, d, instrumented) for dtype in STORAGE_TYPES for d in DECODE_BLOCK_KV
             for instrumented in (False, True)]
 
