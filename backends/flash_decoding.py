@@ -76,7 +76,7 @@ class DecodePath:
     O: object = attrs.field(init=False)  # (batch x H_q, n_q, d)
     O_partial: object = attrs.field(init=False)  # (splits, batch x H_q x n_q, d) float32
     LSE_partial: object = attrs.field(init=False)  # (splits, batch x H_q x n_q) float32
-    cache_seqlens: object = attrs.field(init=False)  # (batch,) int32
+    cache_seqlens: object = attrs.field(init=False)  # (batch,) int32; None when every cache is full
     counters: object = attrs.field(init=False)  # instrumented: the split kernel's, then the combine's
 
     def __attrs_post_init__(self) -> None:
@@ -90,7 +90,8 @@ class DecodePath:
         self.O = poisoned_output(self.Q.shape, self.dtype)
         self.O_partial = cupy.full((splits, rows, d), np.nan, dtype=cupy.float32) if splits > 1 else None
         self.LSE_partial = cupy.full((splits, rows), np.nan, dtype=cupy.float32) if splits > 1 else None
-        self.cache_seqlens = cupy.asarray(self.sched.cache_seqlens, dtype=cupy.int32)
+        full = all(n == self.sched.n_kv for n in self.sched.cache_seqlens)
+        self.cache_seqlens = None if full else cupy.asarray(self.sched.cache_seqlens, dtype=cupy.int32)
         self.counters = cupy.zeros(len(SPLIT_COUNTED) + len(COMBINE_COUNTED), dtype=cupy.uint64)
 
     @property
@@ -112,7 +113,8 @@ class DecodePath:
         split.function()(
             (s.n_q_tiles, s.num_splits, cta_heads), (DECODE_THREADS,),
             (self.Q, self.K, self.V, self.O, self.O_partial if s.num_splits > 1 else null,
-             self.LSE_partial if s.num_splits > 1 else null, self.cache_seqlens, np.int32(n_q), np.int32(s.n_kv),
+             self.LSE_partial if s.num_splits > 1 else null, null if self.cache_seqlens is None else self.cache_seqlens,
+             np.int32(n_q), np.int32(s.n_kv),
              np.float32(self.scale), np.int32(cta_heads // self.batch), np.int32(s.pack),
              np.int32(heads // self.K.shape[0]), np.int32(s.tiles_per_split), np.int32(left), np.int32(right),
              self.counters if self.instrumented else null),

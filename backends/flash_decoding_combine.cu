@@ -8,9 +8,10 @@
 // A split that saw no key of a row (LSE_s = -inf) weighs 0; a row no split saw (lse_max taken as 0, the
 // sum 0, LSE = +inf) outputs 0, never NaN.
 //
-// One CTA per row, as decoding has few rows and many splits: warp 0 reads the row's LSE_s (a split a
-// lane) and reduces them to the weights in shared memory; then all 4 warps take alternate splits' O_s
-// rows, 16 bytes a lane, so that the loads of many splits are in flight together, and their partial
+// One CTA per row, as decoding has few rows and many splits, and the kernel is one memory round trip
+// if it can be: every thread first loads its share of the splits' O_s rows (16 bytes a lane, the 4
+// warps taking alternate splits, up to AHEAD each) while warp 0 reads the row's LSE_s (a split a lane)
+// and reduces them to the weights in shared memory; then each thread scales and sums, and the partial
 // sums meet in shared memory.
 //
 // INSTRUMENTED (compile-time): count the HBM bytes each load and store moved per tensor, one atomic per
@@ -38,12 +39,24 @@ __global__ void __launch_bounds__(128) flash_decoding_combine(
   constexpr int THREADS = 128;
   constexpr int LANES = D / 4;             // threads holding a row: 4 floats each
   constexpr int PARTS = THREADS / LANES;   // groups of them taking alternate splits
+  constexpr int AHEAD = 8;                 // splits a thread loads before the weights are known
   extern __shared__ float w[];             // (num_splits,) the row's weights
   __shared__ float4 part_sum[PARTS][LANES];
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int row = blockIdx.x;
+  const int ch = threadIdx.x % LANES, part = threadIdx.x / LANES;
   u64 read_LSE = 0, read_O = 0, written_O = 0;  // INSTRUMENTED counts of this thread
+  auto load_O = [&](int s) {  // columns 4 ch .. 4 ch + 3 of split s's row
+    read_O += 16;
+    return *reinterpret_cast<const float4*>(O_partial + ((size_t)s * rows + row) * D + ch * 4);
+  };
+
+  // -- this thread's first splits' partial outputs, in flight while the weights are worked out
+  float4 O_ahead[AHEAD];
+#pragma unroll
+  for (int k = 0; k < AHEAD; ++k)
+    if (part + k * PARTS < num_splits) O_ahead[k] = load_O(part + k * PARTS);
 
   // -- every split's logsumexp of this row: lse_max, then the sum, over warp 0
   if (warp == 0) {
@@ -63,15 +76,16 @@ __global__ void __launch_bounds__(128) flash_decoding_combine(
   }
   __syncthreads();
 
-  // -- stream every split's partial output, scaled by its weight, into the accumulators
-  const int ch = threadIdx.x % LANES, part = threadIdx.x / LANES;
+  // -- every split's partial output, scaled by its weight, into the accumulator (the rest streamed now)
   float4 acc = {0.f, 0.f, 0.f, 0.f};  // columns 4 ch .. 4 ch + 3 of O
-#pragma unroll 4
-  for (int s = part; s < num_splits; s += PARTS) {
-    const float4 O_s = *reinterpret_cast<const float4*>(O_partial + ((size_t)s * rows + row) * D + ch * 4);
-    read_O += 16;
+  auto add = [&](int s, float4 O_s) {
     acc = float4{fmaf(w[s], O_s.x, acc.x), fmaf(w[s], O_s.y, acc.y), fmaf(w[s], O_s.z, acc.z), fmaf(w[s], O_s.w, acc.w)};
-  }
+  };
+#pragma unroll
+  for (int k = 0; k < AHEAD; ++k)
+    if (part + k * PARTS < num_splits) add(part + k * PARTS, O_ahead[k]);
+#pragma unroll 4
+  for (int s = part + AHEAD * PARTS; s < num_splits; s += PARTS) add(s, load_O(s));
   part_sum[part][ch] = acc;
   __syncthreads();
 

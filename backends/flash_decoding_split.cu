@@ -32,7 +32,7 @@ __global__ void __launch_bounds__(128, 2) flash_decoding_split(  // two CTAs an 
     storage_t* __restrict__ O,              // (batch x H_q x n_q, D): with one split
     float* __restrict__ O_partial,          // (num_splits, batch x H_q x n_q, D): with several
     float* __restrict__ LSE_partial,        // (num_splits, batch x H_q x n_q)
-    const int* __restrict__ cache_seqlens,  // (batch,) valid K/V rows of each batch element
+    const int* __restrict__ cache_seqlens,  // (batch,) valid K/V rows of each batch element; null: all n_kv
     int n_q, int n_kv, float scale,
     int heads, int pack, int group,         // CTA heads per batch element; query heads packed per row; per K/V head
     int tiles_per_split, int left, int right,  // query r sees keys r + off - left .. r + off + right
@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(128, 2) flash_decoding_split(  // two CTAs an 
   const bool partial = gridDim.y > 1;     // FA-2's Split: partials for the combine, or the final O
   const size_t out_rows = (size_t)gridDim.z * n_q * pack;  // rows of O and of each split's partials
 
-  const int seqlen = cache_seqlens[z / heads];
+  const int seqlen = cache_seqlens != nullptr ? cache_seqlens[z / heads] : n_kv;  // null: no load to wait for
   const int row_start = i * B_r;
   const int rows = min(B_r, n_q * pack - row_start);
   const QueryRows q{n_q, pack, z * pack, row_start};

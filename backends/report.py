@@ -11,7 +11,7 @@ from simflash.config import MiB
 
 Table = tuple[list[str], list[list[str]]]  # headers, rows
 RESULT_FILES = {"validate": "validate.json", "profile": "profile.json", "bench": "bench.json",
-                "sdpa": "sdpa_check.json", "validate_gqa_decode": "validate_gqa_decode.json",
+                "sdpa": "sdpa_check.json", "validate_gqa": "validate_gqa.json", "validate_decode": "validate_decode.json",
                 "decode_bench": "decode_bench.json"}
 
 
@@ -259,9 +259,10 @@ def tables(results: dict) -> dict[str, Table]:
         out["tiles"] = tiles_table(results["bench"]["rows"])
     if "sdpa" in results:
         out["sdpa"] = sdpa_table(results["sdpa"]["checks"])
-    if "validate_gqa_decode" in results:
-        out["gqa_window"] = gqa_window_table(results["validate_gqa_decode"])
-        out["decode"] = decode_table(results["validate_gqa_decode"])
+    if "validate_gqa" in results:
+        out["gqa_window"] = gqa_window_table(results["validate_gqa"])
+    if "validate_decode" in results:
+        out["decode"] = decode_table(results["validate_decode"])
     if "decode_bench" in results:
         out["decode_bench"] = decode_bench_table(results["decode_bench"])
     return out
