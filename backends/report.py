@@ -127,6 +127,26 @@ def decode_bench_table(result: dict) -> Table:
     return headers, rows
 
 
+def decode_profile_table(result: dict) -> Table:
+    """The split and combine kernels under Nsight Compute: counted bytes against DRAM and L2, duration."""
+    headers = ["batch x H_kv", "n_kv", "splits", "kernel", "counted bytes (MiB)", "DRAM read (MiB)", "DRAM written (MiB)",
+               "L2 bytes (MiB)", "time (us)", "DRAM read GB/s (% of peak)"]
+    peak = result["hbm_peak_bytes_per_s"]
+    rows = []
+    for entry in result["profile"]["configs"]:
+        c = entry["config"]
+        for row in entry["ncu"]:
+            kernel = "split" if "flash_decoding_split" in row["kernel"] else "combine"
+            counted = sum(read + write for name, _, read, write in entry["instrumented"] if name.endswith(kernel))
+            seconds = row["gpu__time_duration.sum"] * 1e-9
+            per_s = row["dram__bytes_read.sum"] / seconds
+            rows.append([f"{c['batch']} x {c['kv_heads']}", f"{c['n_kv'] // 1024}k", str(entry["num_splits"]), kernel,
+                         _mib(counted), _mib(row["dram__bytes_read.sum"]), _mib(row["dram__bytes_write.sum"]),
+                         _mib(row["lts__t_bytes.sum"]), f"{seconds * 1e6:.1f}",
+                         f"{per_s / 1e9:,.0f} ({100 * per_s / peak:.0f}%)"])
+    return headers, rows
+
+
 def _naive_bytes_ok(record: dict) -> bool:
     """The naive GPU path's ledger: the model's exactly without a mask; with one, the softmax's
     entries are the model's and the (dense) GEMMs' those of the unmasked model."""
@@ -265,6 +285,8 @@ def tables(results: dict) -> dict[str, Table]:
         out["decode"] = decode_table(results["validate_decode"])
     if "decode_bench" in results:
         out["decode_bench"] = decode_bench_table(results["decode_bench"])
+        if "profile" in results["decode_bench"]:
+            out["decode_profile"] = decode_profile_table(results["decode_bench"])
     return out
 
 

@@ -7,7 +7,7 @@
 # the quick FA-2 rows), and the FA-2 bench's headline shape as a check on the shared tile loop. Each
 # step has a time limit.
 # Results go to $OUT (or ./gpu-out): validate_decode.json, decode_bench.json, decode_ncu.csv,
-# validate_gqa.json, validate_quick.json, bench_check.json, decode_log.txt.
+# validate_gqa.json, fa2_recheck_validate.json, fa2_recheck_bench.json, decode_log.txt.
 set -u -o pipefail
 out=${OUT:-gpu-out}
 mkdir -p "$out"
@@ -34,10 +34,10 @@ timeout 100 python3 -c "from simflash.cli import main; main()" gpu validate --su
   --save "$out/validate_gqa.json" >>"$log" 2>&1
 echo "validate gqa-window exit $?" | tee -a "$log"
 timeout 40 python3 -c "from simflash.cli import main; main()" gpu validate --suite fa2 --quick \
-  --save "$out/validate_quick.json" >>"$log" 2>&1
+  --save "$out/fa2_recheck_validate.json" >>"$log" 2>&1
 echo "validate quick exit $?" | tee -a "$log"
 
 step bench check
 timeout 40 python3 -c "from simflash.cli import main; main()" gpu bench --n 4096 --d 128 --causal both --naive-max-n 0 \
-  --math-max-n 0 --save "$out/bench_check.json" 2>&1 | tail -8 | tee -a "$log"
+  --math-max-n 0 --save "$out/fa2_recheck_bench.json" 2>&1 | tail -8 | tee -a "$log"
 step done
