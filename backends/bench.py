@@ -41,14 +41,17 @@ class BenchConfig:
         return full // 2 if self.causal else full
 
 
-def time_ms(fn) -> dict:
-    """Median milliseconds of `fn` on the device, CUDA events around each call, after a warm-up."""
+def time_ms(fn, before=None, min_total_ms: float = MIN_TOTAL_MS, reps: tuple[int, int] = REPS) -> dict:
+    """Median milliseconds of `fn` on the device, CUDA events around each call, after a warm-up.
+    before: run ahead of every call, outside the timed region (flushing a cache, say)."""
     cupy = import_cupy()
     for _ in range(2):
         fn()
     cupy.cuda.Device().synchronize()
 
     def once() -> float:
+        if before is not None:
+            before()
         start, stop = cupy.cuda.Event(), cupy.cuda.Event()
         start.record()
         fn()
@@ -57,9 +60,9 @@ def time_ms(fn) -> dict:
         return cupy.cuda.get_elapsed_time(start, stop)
 
     first = once()
-    reps = int(min(REPS[1], max(REPS[0], MIN_TOTAL_MS // max(first, 1e-3))))
-    times = [once() for _ in range(reps)]
-    return {"ms": statistics.median(times), "reps": reps, "min_ms": min(times), "max_ms": max(times)}
+    count = int(min(reps[1], max(reps[0], min_total_ms // max(first, 1e-3))))
+    times = [once() for _ in range(count)]
+    return {"ms": statistics.median(times), "reps": count, "min_ms": min(times), "max_ms": max(times)}
 
 
 def _torch():

@@ -1,4 +1,4 @@
-"""GPU commands: `simflash gpu info | validate | profile | bench | sdpa-check | sanitize | report`.
+"""GPU commands: `simflash gpu info | validate | profile | bench | decode-bench | sdpa-check | sanitize | report`.
 
 All but `report` need CuPy and an NVIDIA GPU (profile: Nsight Compute's ncu; sanitize:
 compute-sanitizer; bench and sdpa-check: PyTorch for SDPA). `report` prints the Markdown tables of
@@ -73,7 +73,9 @@ def info(as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = Fals
 
 @gpu_app.command()
 def validate(
-    quick: Annotated[bool, typer.Option(help="A few small configurations instead of the full sweep.")] = False,
+    suite: Annotated[str, typer.Option(help="Comma-separated: fa2 (the FA-2 grid), gqa-window (grouped-query heads "
+                                            "and sliding windows), decode (Flash-Decoding).")] = "fa2,gqa-window,decode",
+    quick: Annotated[bool, typer.Option(help="A few small configurations instead of the full fa2 sweep.")] = False,
     seed: Annotated[int | None, typer.Option(help="Input seed (default: fresh, and recorded).", min=0)] = None,
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
     save: Annotated[Path | None, typer.Option(help=SAVE_HELP)] = None,
@@ -84,21 +86,26 @@ def validate(
     from simflash.backends.kernels import device_info
 
     with user_errors():
+        configs, decode = checks.suite_configs(tuple(name.strip() for name in suite.split(",") if name.strip()), quick)
         device = device_info()
-        configs = checks.default_configs(quick)
         console = make_console(stderr=True)
         result = checks.validate(configs, seed, progress=None if as_json else
-                                 lambda r: console.print(("ok  " if r["ok"] else "FAIL ") + _label(r["config"])))
+                                 lambda r: console.print(("ok  " if r["ok"] else "FAIL ") + _label(r)), decode=decode)
     result = {"command": _command_line(), "device": device, **result}
-    _emit(result, as_json, save, [("GPU vs float64 reference vs simulator", report.validate_table(result))])
+    tables = [("GPU vs float64 reference vs simulator", report.validate_table(result)),
+              ("grouped-query heads and windows", report.gqa_window_table(result))]
+    if "decode" in result:
+        tables.append(("Flash-Decoding", report.decode_table(result)))
+    _emit(result, as_json, save, tables)
     if not result["all_ok"]:
         raise typer.Exit(1)
 
 
-def _label(config: dict) -> str:
+def _label(record: dict) -> str:
     from simflash.backends.validate import CheckConfig
+    from simflash.backends.validate_decode import DecodeConfig
 
-    return CheckConfig(**config).label
+    return (DecodeConfig if "num_splits" in record else CheckConfig)(**record["config"]).label
 
 
 @gpu_app.command()
@@ -202,6 +209,38 @@ def bench(
     result = {"command": _command_line(), "device": device, "rows": rows}
     _emit(result, as_json, save, [("FA-2 kernel vs SDPA flash, fp16, B=1", report.bench_table(rows)),
                                   ("FA-2 by tile shape", report.tiles_table(rows))])
+
+
+@gpu_app.command("decode-bench")
+def decode_bench(
+    quick: Annotated[bool, typer.Option(help="Only batch 1 x 8 K/V heads at 32k and 128k.")] = False,
+    raw_csv: Annotated[Path | None, typer.Option(help="Also profile the Flash-Decoding kernels of a few "
+                                                     "configurations under Nsight Compute; keep ncu's CSV here.")] = None,
+    seed: Annotated[int, typer.Option(help="Input seed.", min=0)] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
+    save: Annotated[Path | None, typer.Option(help=SAVE_HELP)] = None,
+) -> None:
+    """K/V bandwidth of a decode step (one query token, 32 query / 8 K/V heads, d = 128, fp16): our FA-2
+    at T_r = 1, our Flash-Decoding (heuristic and swept splits) and PyTorch SDPA, batch x K/V heads
+    1..256, cache 1k..128k."""
+    from simflash.backends import decode_bench as runs
+    from simflash.backends import report
+    from simflash.backends.kernels import device_info
+
+    with user_errors():
+        device = device_info()
+        console = make_console(stderr=True)
+
+        def progress(row: dict) -> None:
+            c = row["config"]
+            console.print(f"batch={c['batch']} H_kv={c['kv_heads']} n_kv={c['n_kv']}: Flash-Decoding "
+                          f"{row['flash_decoding']['GBps']:.0f} GB/s, FA-2 {row['fa2_packed']['GBps']:.0f} GB/s")
+
+        result = runs.bench(runs.bench_configs(quick), seed, progress=None if as_json else progress)
+        if raw_csv is not None:
+            result["profile"] = runs.profile(runs.profile_configs(), seed, raw_csv)
+    result = {"command": _command_line(), "device": device, **result}
+    _emit(result, as_json, save, [("K/V bandwidth of one decode step", report.decode_bench_table(result))])
 
 
 @gpu_app.command("sdpa-check")
