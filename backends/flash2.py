@@ -3,7 +3,8 @@
 `flash_attention` takes host arrays, checks them exactly as the simulator does, runs the kernel
 (instrumented by default, so the run carries the HBM bytes the kernel counted and the m, l trace of one
 tile) and hands back a GPURun whose `traffic` compares equal to the simulator's. `launch` is the
-device-array entry point the timing and profiling code uses.
+device-array entry point the timing and profiling code uses. The kernel comes in numbered versions
+(VERSIONS: one .cu file each, same arguments and results); `version` picks one.
 """
 
 from __future__ import annotations
@@ -12,12 +13,15 @@ import attrs
 import numpy as np
 
 from simflash.api import prepare_inputs
+from simflash.backends.flash2_v2 import Flash2V2Kernel
 from simflash.backends.kernels import Flash2Kernel, import_cupy
 from simflash.memory import Flow, Traffic
 from simflash.schedule import TileSchedule
 
 KERNEL = "flash2_forward"  # the ledger's kernel name, as in the simulator
 COUNTED_TENSORS = ("Q", "K", "V", "O")  # order of the kernel's bytes_moved counters
+# The kernel versions by name: v1 flash2_forward.cu, v2 flash2_forward_v2.cu (FA-2's own layout).
+VERSIONS = {"v1": Flash2Kernel, "v2": Flash2V2Kernel}
 # Output poison: a NaN bit pattern per storage dtype, so an element the kernel never wrote shows up.
 POISON_BITS = {"float16": 0x7E00, "bfloat16": 0x7FC0}
 
@@ -77,20 +81,27 @@ def launch(kernel: Flash2Kernel, Q, K, V, O, sched: TileSchedule, scale: float, 
     )
 
 
+def kernel_version(version: str) -> type[Flash2Kernel]:
+    """The kernel class of one version, or a ValueError naming the versions there are."""
+    if version not in VERSIONS:
+        raise ValueError(f"version must be one of {list(VERSIONS)}, got {version!r}")
+    return VERSIONS[version]
+
+
 def flash_attention(
     q, k, v, block_q: int = 128, block_kv: int = 64, causal: bool = False, causal_variant: str = "upper_left",
     scale: float | None = None, dtype: str = "float16", *, instrumented: bool = True,
-    trace_head: int | None = None, trace_tile: int | None = None,
+    trace_head: int | None = None, trace_tile: int | None = None, version: str = "v1",
 ) -> GPURun:
     """FA-2 forward on the GPU. q: (..., n_q, d); k, v: (..., n_kv, d); same checks as the simulator.
 
     instrumented: run the counting build, so `traffic` holds the bytes the kernel moved (the timed
     build leaves it None). trace_head/trace_tile pick the one query tile whose m, l are recorded
-    after every KV tile (instrumented build only; default: none).
+    after every KV tile (instrumented build only; default: none). version: the kernel version (VERSIONS).
     """
     Q, K, V, scale = prepare_inputs(q, k, v, dtype, scale, causal_variant)
     heads, n_q, d = Q.shape
-    kernel = Flash2Kernel(dtype, block_q, block_kv, d, bool(instrumented))
+    kernel = kernel_version(version)(dtype, block_q, block_kv, d, bool(instrumented))
     sched = TileSchedule(n_q, K.shape[1], block_q, block_kv, causal=bool(causal), causal_variant=causal_variant)
     traced = trace_head is not None or trace_tile is not None
     if traced and not instrumented:

@@ -98,8 +98,9 @@ def _trace_check(gpu_steps, sim_steps) -> dict:
             "ok": same_infinities and m_diff <= TRACE_RTOL and l_diff <= TRACE_RTOL}
 
 
-def check(config: CheckConfig, rng: np.random.Generator) -> dict:
-    """Run one configuration every way and record how the results compare."""
+def check(config: CheckConfig, rng: np.random.Generator, version: str = "v1") -> dict:
+    """Run one configuration every way and record how the results compare (the naive GPU path with
+    version 1 only: it does not depend on the FA-2 kernel's version)."""
     c = config
     q = rng.standard_normal((c.heads, c.n_q, c.d), dtype=np.float32)
     k = rng.standard_normal((c.heads, c.n_kv, c.d), dtype=np.float32)
@@ -110,8 +111,9 @@ def check(config: CheckConfig, rng: np.random.Generator) -> dict:
     trace_tile = sf.TileSchedule(c.n_q, c.n_kv, c.block_q, c.block_kv).n_q_tiles - 1
 
     ref = reference_attention(q, k, v, **common)
-    gpu = flash2.flash_attention(q, k, v, **tiles, **common, trace_head=trace_head, trace_tile=trace_tile)
-    timed = flash2.flash_attention(q, k, v, **tiles, **common, instrumented=False)
+    gpu = flash2.flash_attention(q, k, v, **tiles, **common, trace_head=trace_head, trace_tile=trace_tile,
+                                 version=version)
+    timed = flash2.flash_attention(q, k, v, **tiles, **common, instrumented=False, version=version)
     sim = sf.flash_attention(q, k, v, **tiles, **common, trace="stats", trace_heads=[trace_head],
                              trace_tiles=[trace_tile])
     sim_naive = sf.naive_attention(q, k, v, **common)
@@ -139,7 +141,7 @@ def check(config: CheckConfig, rng: np.random.Generator) -> dict:
         "trace": {"head": trace_head, "tile": trace_tile, **_trace_check(gpu.trace, list(sim.trace))},
         "resources": gpu.resources,
     }
-    if c.dtype in naive.NAIVE_DTYPES:
+    if c.dtype in naive.NAIVE_DTYPES and version == "v1":
         gpu_naive = naive.naive_attention(q, k, v, **common)
         logical = sf.model.naive_traffic(c.n_q, c.d, c.dtype, c.causal, n_kv=c.n_kv, heads=c.heads,
                                          causal_variant=c.causal_variant)
@@ -187,14 +189,33 @@ def refusals() -> list[dict]:
     return out
 
 
-def validate(configs: list[CheckConfig], seed: int | None = None, progress=None) -> dict:
+def validate(configs: list[CheckConfig], seed: int | None = None, progress=None, version: str = "v1") -> dict:
     """Run every configuration on fresh inputs (seed recorded, so a run can be repeated)."""
     seed = int(np.random.SeedSequence().entropy) if seed is None else seed
     rng = np.random.default_rng(seed)
     records = []
     for config in configs:
-        records.append(check(config, rng))
+        records.append(check(config, rng, version))
         if progress is not None:
             progress(records[-1])
-    return {"seed": str(seed), "records": records, "refusals": refusals(),
+    return {"kernel": version, "seed": str(seed), "records": records, "refusals": refusals(),
             "all_ok": all(r["ok"] for r in records)}
+
+
+def version_configs(version: str, quick: bool = False) -> list[CheckConfig]:
+    """The configurations to validate a kernel version on: those of default_configs it is built for,
+    and (full sweep) for versions after the first, 128x128 tiles at d = 64 as well."""
+    kernel = flash2.kernel_version(version)
+    configs = default_configs(quick)
+    if version != "v1" and not quick:
+        configs += [CheckConfig(1000, 777, 64, 2, causal, variant, dtype, 128, 128)
+                    for causal, variant in MASKS for dtype in ("float16", "bfloat16")]
+    return [c for c in configs if _builds(kernel, c)]
+
+
+def _builds(kernel, config: CheckConfig) -> bool:
+    try:
+        kernel(config.dtype, config.block_q, config.block_kv, config.d)
+    except ValueError:
+        return False
+    return True
