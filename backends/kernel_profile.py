@@ -86,7 +86,7 @@ def profile_versions(configs: list[BenchConfig], versions: tuple[str, ...], tile
     """Profile every version (and SDPA flash) on every configuration in one ncu process."""
     ncu = find_ncu()
     have = available_metrics(ncu)
-    metrics = {ours: theirs for ours, theirs in METRICS.items() if not have or theirs.rsplit(".", 1)[0] in have}
+    metrics = {ours: theirs for ours, theirs in METRICS.items() if not have or theirs.split(".", 1)[0] in have}
     with tempfile.TemporaryDirectory() as folder:
         spec = Path(folder) / "spec.json"
         spec.write_text(json.dumps({"seed": seed, "tiles": list(tiles), "versions": list(versions),
@@ -100,13 +100,18 @@ def profile_versions(configs: list[BenchConfig], versions: tuple[str, ...], tile
     if done.returncode != 0:
         raise RuntimeError(f"ncu failed (exit {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     kernels = parse_ncu_csv(done.stdout)
-    names = [*versions, SDPA_FLASH] if _sdpa() is not None else list(versions)
-    if len(kernels) != len(names) * len(configs):
-        raise RuntimeError(f"expected {len(names)} kernels per configuration, profiled {[k['name'][:60] for k in kernels]}")
+    mine = [k for k in kernels if "flash2_forward" in k["name"]]
+    sdpa = [k for k in kernels if "flash_fwd" in k["name"]]  # SDPA flash's forward kernel, one per configuration
+    if len(mine) != len(versions) * len(configs):
+        raise RuntimeError(f"expected {len(versions)} of our kernels per configuration, profiled "
+                           f"{[k['name'][:60] for k in kernels]}")
     rows = []
     for index, config in enumerate(configs):
-        for name, kernel in zip(names, kernels[index * len(names):(index + 1) * len(names)]):
-            measured = {ours: kernel["metrics"].get(theirs) for ours, theirs in metrics.items()}
+        profiled = list(zip(versions, mine[index * len(versions):(index + 1) * len(versions)]))
+        if len(sdpa) == len(configs):
+            profiled.append((SDPA_FLASH, sdpa[index]))
+        for name, kernel in profiled:
+            measured = {key: kernel["metrics"].get(name) for key, name in metrics.items()}
             rows.append({"config": attrs.asdict(config), "kernel": name, "ncu_name": kernel["name"][:120],
                          "flops": config.flops, **measured})
     check_names(rows)

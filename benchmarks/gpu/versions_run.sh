@@ -19,7 +19,11 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >>"$log" 2>&1 || {
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv 2>&1 | tee -a "$log"
 
 step validate quick v2
-sf gpu validate --quick --kernel v2 2>&1 | tee -a "$log" || exit 1
+if ! sf gpu validate --quick --kernel v2 2>&1 | tee -a "$log"; then
+  step diagnose
+  python3 benchmarks/gpu/diagnose.py v2 2>&1 | tee -a "$log"
+  exit 1
+fi
 
 step bench
 sf gpu bench --kernel v1,v2 --n 4096,16384 --d 64,128 --causal both --tiles 128x64,128x128,128x32 \
