@@ -19,6 +19,7 @@ SOURCE = "flash2_forward_v2.cu"
 HEAD_DIMS = (64, 128)  # 32 rows of a_i per warp: d = 256 would not fit the register file
 BLOCK_Q = (64, 128)  # B_r: a multiple of 32, one warp per 32 rows
 BLOCK_KV = (32, 64, 128)  # B_c: a multiple of 16
+CHOICES = {"dtype": list(STORAGE_TYPES), "d": list(HEAD_DIMS), "block_q": list(BLOCK_Q), "block_kv": list(BLOCK_KV)}
 
 
 @functools.cache
@@ -33,10 +34,8 @@ class Flash2V2Kernel(Flash2Kernel):
     """One instantiation of flash2_forward_v2.cu: storage dtype, B_r, B_c, head dim, and the build."""
 
     def __attrs_post_init__(self) -> None:
-        _choice("dtype", self.dtype, STORAGE_TYPES)
-        _choice("block_q", self.block_q, BLOCK_Q)
-        _choice("block_kv", self.block_kv, BLOCK_KV)
-        _choice("d", self.d, HEAD_DIMS)
+        for name, choices in CHOICES.items():
+            _choice(name, getattr(self, name), choices)
 
     @property
     def name_expression(self) -> str:
@@ -60,4 +59,4 @@ class Flash2V2Kernel(Flash2Kernel):
 
 def supported() -> dict:
     """The configurations version 2 is instantiated for, by argument."""
-    return {"dtype": list(STORAGE_TYPES), "d": list(HEAD_DIMS), "block_q": list(BLOCK_Q), "block_kv": list(BLOCK_KV)}
+    return {name: list(choices) for name, choices in CHOICES.items()}
