@@ -1,10 +1,12 @@
-"""FA-2 forward on a real GPU: the kernel of flash2_forward.cu, launched like simflash.flash_attention.
+"""FA-2 forward on a real GPU: the kernel of flash2_forward.cu, launched like simflash.flash_attention
+(grouped-query heads packed or not, causal and sliding windows).
 
 `flash_attention` takes host arrays, checks them exactly as the simulator does, runs the kernel
 (instrumented by default, so the run carries the HBM bytes the kernel counted and the m, l trace of one
 tile) and hands back a GPURun whose `traffic` compares equal to the simulator's; with
 write_logsumexp=True the kernel also writes L, for a backward pass, as the simulator does. `launch` is the
-device-array entry point the timing and profiling code uses.
+device-array entry point the timing and profiling code uses. The kernel comes in numbered versions
+(VERSIONS: one .cu file each, same arguments and results); `version` picks one. Only v1 writes L.
 """
 
 from __future__ import annotations
@@ -13,15 +15,19 @@ import attrs
 import numpy as np
 
 from simflash.api import prepare_inputs
+from simflash.backends.flash2_v2 import Flash2V2Kernel
 from simflash.backends.kernels import Flash2Kernel, import_cupy
 from simflash.config import check_bool
 from simflash.memory import Flow, Traffic
 from simflash.schedule import TileSchedule
 
 KERNEL = "flash2_forward"  # the ledger's kernel name, as in the simulator
-COUNTED_TENSORS = ("Q", "K", "V", "O", "L")  # order of the kernel's bytes_moved counters (L: when written)
+COUNTED_TENSORS = ("Q", "K", "V", "O", "L")  # order of the kernel's bytes_moved counters (L: v1, when written)
+# The kernel versions by name: v1 flash2_forward.cu, v2 flash2_forward_v2.cu (FA-2's own layout).
+VERSIONS = {"v1": Flash2Kernel, "v2": Flash2V2Kernel}
 # Output poison: a NaN bit pattern per storage dtype, so an element the kernel never wrote shows up.
 POISON_BITS = {"float16": 0x7E00, "bfloat16": 0x7FC0}
+UNBOUNDED = 1 << 30  # a window side with no bound, as the kernels take it (flash2_tile.cuh's Visibility)
 
 
 @attrs.frozen
@@ -59,52 +65,88 @@ def poisoned_output(shape: tuple[int, ...], dtype: str):
     return cupy.full(shape, POISON_BITS[dtype], dtype=cupy.uint16)
 
 
+def bounds(sched: TileSchedule) -> tuple[int, int]:
+    """(left, right) as the kernels take them: keys visible before and after the diagonal, UNBOUNDED
+    for a side with no bound (right = 0 when causal)."""
+    return (UNBOUNDED if sched.left is None else sched.left), (UNBOUNDED if sched.right is None else sched.right)
+
+
 def launch(kernel: Flash2Kernel, Q, K, V, O, sched: TileSchedule, scale: float, counters=None, trace=None,
            L=None) -> None:
-    """Run the kernel on device arrays Q (H, n_q, d), K, V (H, n_kv, d) and O (H, n_q, d), 16-bit.
+    """Run the kernel on device arrays Q (H_q, n_q, d), K, V (H_kv, n_kv, d) and O (H_q, n_q, d), 16-bit;
+    sched.pack > 1 packs each group's query heads into the tiles' rows.
 
     counters: a device uint64 array of 4, or 5 with L (instrumented build); trace: (head, tile, m, l)
-    with m, l device float32 arrays of (T_c, block_q) for the chosen tile; L: a device float32 array
-    (H, n_q) for the logsumexp, or None.
+    with m, l device float32 arrays of (its KV tiles, block_q) for the chosen tile; L: a device float32
+    array (H_q, n_q) for the logsumexp, or None (version v1 only).
     """
     heads, n_q, d = Q.shape
-    if (n_q, sched.n_kv) != (sched.n_q, K.shape[1]) or d != kernel.d or K.shape != V.shape:
+    if (n_q, sched.n_kv) != (sched.n_q, K.shape[1]) or d != kernel.d or K.shape != V.shape or heads % K.shape[0]:
         raise ValueError(f"shapes Q {Q.shape}, K {K.shape}, V {V.shape} do not match the schedule and d={kernel.d}")
     null = np.uint64(0)
     trace_head, trace_tile, trace_m, trace_l = trace if trace is not None else (-1, -1, null, null)
+    if isinstance(kernel, Flash2V2Kernel):  # multi-head, causal or not: its bounds are one flag
+        if sched.pack != 1 or heads != K.shape[0] or sched.left is not None or sched.right not in (None, 0):
+            raise ValueError("kernel version v2 runs multi-head attention, causal or not: no window, no grouped "
+                             "query heads (use version v1)")
+        if L is not None:
+            raise ValueError("kernel version v2 writes no logsumexp L (use version v1)")
+        geometry = (np.int32(sched.right == 0), np.int32(sched.diagonal_offset))
+        logsumexp = ()
+    else:
+        left, right = bounds(sched)
+        geometry = (np.int32(sched.pack), np.int32(heads // K.shape[0]), np.int32(sched.diagonal_offset),
+                    np.int32(left), np.int32(right))
+        logsumexp = (null if L is None else L,)
     kernel.function()(
-        (sched.n_q_tiles, heads),
+        (sched.n_q_tiles, heads // sched.pack),
         (kernel.threads,),
-        (Q, K, V, O, np.int32(n_q), np.int32(sched.n_kv), np.float32(scale), np.int32(sched.causal),
-         np.int32(sched.diagonal_offset), null if counters is None else counters,
-         np.int32(trace_head), np.int32(trace_tile), trace_m, trace_l, null if L is None else L),
+        (Q, K, V, O, np.int32(n_q), np.int32(sched.n_kv), np.float32(scale), *geometry,
+         null if counters is None else counters, np.int32(trace_head), np.int32(trace_tile), trace_m, trace_l,
+         *logsumexp),
         shared_mem=kernel.shared_bytes,
     )
 
 
+def kernel_version(version: str) -> type[Flash2Kernel]:
+    """The kernel class of one version, or a ValueError naming the versions there are."""
+    if version not in VERSIONS:
+        raise ValueError(f"version must be one of {list(VERSIONS)}, got {version!r}")
+    return VERSIONS[version]
+
+
 def flash_attention(
-    q, k, v, block_q: int = 128, block_kv: int = 64, causal: bool = False, causal_variant: str = "upper_left",
-    scale: float | None = None, dtype: str = "float16", *, instrumented: bool = True,
-    trace_head: int | None = None, trace_tile: int | None = None, write_logsumexp: bool = False,
+    q, k, v, block_q: int = 128, block_kv: int = 64, *, causal: bool = False, causal_variant: str = "upper_left",
+    scale: float | None = None, dtype: str = "float16", window: tuple[int, int] = (-1, -1),
+    pack_gqa: bool = False, instrumented: bool = True, trace_head: int | None = None, trace_tile: int | None = None,
+    version: str = "v1", write_logsumexp: bool = False,
 ) -> GPURun:
-    """FA-2 forward on the GPU. q: (..., n_q, d); k, v: (..., n_kv, d); same checks as the simulator.
+    """FA-2 forward on the GPU. q: (..., H_q, n_q, d); k, v: (..., H_kv, n_kv, d); the simulator's checks,
+    heads, window and pack_gqa (see sf.flash_attention).
 
     instrumented: run the counting build, so `traffic` holds the bytes the kernel moved (the timed
     build leaves it None). trace_head/trace_tile pick the one query tile whose m, l are recorded
-    after every KV tile (instrumented build only; default: none). write_logsumexp: also write L
-    (float32, +inf for a row that saw no key) into `logsumexp`, counted as ("flash2_forward", "L").
+    after every KV tile (instrumented build only; default: none); heads are those of the CTAs, packed
+    groups with pack_gqa. version: the kernel version (VERSIONS; v2 without windows or grouped heads).
+    write_logsumexp: also write L (float32, +inf for a row that saw no key) into `logsumexp`, counted as
+    ("flash2_forward", "L"); version v1 only.
     """
+    pack_gqa = check_bool("pack_gqa", pack_gqa)
     Q, K, V, scale = prepare_inputs(q, k, v, dtype, scale, causal_variant)
     write_logsumexp = check_bool("write_logsumexp", write_logsumexp)
+    if write_logsumexp and version == "v2":
+        raise ValueError("kernel version v2 writes no logsumexp L: write_logsumexp=True needs version v1")
     heads, n_q, d = Q.shape
-    kernel = Flash2Kernel(dtype, block_q, block_kv, d, bool(instrumented))
-    sched = TileSchedule(n_q, K.shape[1], block_q, block_kv, causal=bool(causal), causal_variant=causal_variant)
+    kernel = kernel_version(version)(dtype, block_q, block_kv, d, bool(instrumented))
+    sched = TileSchedule(n_q, K.shape[1], block_q, block_kv, causal=bool(causal), causal_variant=causal_variant,
+                         window=window, pack=heads // K.shape[0] if pack_gqa else 1)
+    cta_heads = heads // sched.pack
     traced = trace_head is not None or trace_tile is not None
     if traced and not instrumented:
         raise ValueError("trace_head/trace_tile need instrumented=True: the timed build records nothing")
-    if traced and not (trace_head is not None and 0 <= trace_head < heads and trace_tile is not None
+    if traced and not (trace_head is not None and 0 <= trace_head < cta_heads and trace_tile is not None
                        and 0 <= trace_tile < sched.n_q_tiles):
-        raise ValueError(f"trace_head must be in [0, {heads}) and trace_tile in [0, {sched.n_q_tiles}), "
+        raise ValueError(f"trace_head must be in [0, {cta_heads}) and trace_tile in [0, {sched.n_q_tiles}), "
                          f"got {trace_head!r} and {trace_tile!r}")
 
     cupy = import_cupy()
@@ -122,14 +164,9 @@ def flash_attention(
     out = O_d.get().view(Q.dtype).reshape(np.shape(q))
     traffic = None
     if instrumented:
-        read_Q, read_K, read_V, written_O, written_L = (int(c) for c in counters.get())
-        traffic = Traffic({
-            (KERNEL, "Q"): Flow(read_bytes=read_Q),
-            (KERNEL, "K"): Flow(read_bytes=read_K),
-            (KERNEL, "V"): Flow(read_bytes=read_V),
-            (KERNEL, "O"): Flow(write_bytes=written_O),
-            **({(KERNEL, "L"): Flow(write_bytes=written_L)} if write_logsumexp else {}),
-        })
+        traffic = Traffic({(KERNEL, tensor): Flow(read_bytes=int(count)) if tensor not in ("O", "L") else Flow(write_bytes=int(count))
+                           for tensor, count in zip(COUNTED_TENSORS, counters.get())
+                           if tensor != "L" or write_logsumexp})
     steps: tuple[TileStats, ...] = ()
     if trace is not None:
         rows = sched.q_rows(trace_tile)

@@ -147,8 +147,8 @@ def flash_attention_backward(
     kernels = Flash2BackwardKernels(dtype, block_q, block_kv, d, bool(instrumented))
     sched = TileSchedule(n_q, K.shape[1], block_q, block_kv, causal=causal, causal_variant=causal_variant)
 
-    forward = flash2.flash_attention(q, k, v, *FORWARD_TILES, causal, causal_variant, scale, dtype,
-                                     instrumented=instrumented, write_logsumexp=True)
+    forward = flash2.flash_attention(q, k, v, *FORWARD_TILES, causal=causal, causal_variant=causal_variant,
+                                     scale=scale, dtype=dtype, instrumented=instrumented, write_logsumexp=True)
     cupy = import_cupy()
     O = forward.out.reshape(Q.shape)
     b = BackwardBuffers.allocate(*(device_view(x, dtype) for x in (Q, K, V, O, dO)),

@@ -25,6 +25,15 @@ BACKWARD_BLOCK_Q = (64, 128)
 BACKWARD_BLOCK_KV = (128,)
 BACKWARD_MIN_COMPUTE_CAPABILITY = 90  # stmatrix and vector float32 atomics
 ELEMENTWISE_THREADS = 256  # the backward's preprocess and convert kernels
+# Flash-Decoding (flash_decoding_split.cu): FA-2's split-KV query tiles of 64 rows, KV tiles 3 stages
+# deep. KV tiles by head dim, the default first: half of FA-2's (flash_api.cpp's set_params_splitkv), so
+# that Q_i and the stages fit twice in an SM, as FA-2's split heuristic assumes (it counts 2 CTAs an SM);
+# FA-2's own, 256 rows at d = 64 and 128 at d = 128, fit once.
+DECODE_BLOCK_Q = 64
+DECODE_BLOCK_KV = {64: (128, 256), 128: (64, 128)}
+DECODE_SLICES = (1, 2, 4)  # warps sharing a 16-row group of the query tile
+DECODE_THREADS = 128
+DECODE_STAGES = 3
 COMPILE_OPTIONS = ("--std=c++17",)
 SOFTMAX_THREADS = 256  # naive_softmax.cu's block size
 CUPY_HINT = "install CuPy for your CUDA version: pip install 'simflash[cuda13]' (or 'simflash[cuda12]')"
@@ -48,11 +57,14 @@ def gpu_available() -> bool:
     return bool(cupy.is_available())
 
 
-def kernel_source(filename: str) -> str:
-    """The text of a kernel source shipped with the package, its local #include "x.cuh" lines inlined
-    (NVRTC compiles from a string and sees no files)."""
+def kernel_source(filename: str, _seen: set[str] | None = None) -> str:
+    """The text of a kernel source shipped with the package, its local #include "x.cuh" lines inlined,
+    each header once, as its #pragma once asks (NVRTC compiles from a string and sees no files)."""
+    seen = set() if _seen is None else _seen
+    seen.add(filename)
     text = importlib.resources.files("simflash.backends").joinpath(filename).read_text(encoding="utf-8")
-    return re.sub(r'^#include "([^"]+)"$', lambda m: kernel_source(m.group(1)), text, flags=re.MULTILINE)
+    return re.sub(r'^#include "([^"]+)"$', lambda m: "" if m.group(1) in seen else kernel_source(m.group(1), seen),
+                  text, flags=re.MULTILINE)
 
 
 @functools.cache
@@ -123,15 +135,89 @@ class Flash2Kernel:
         return _fit_shared(compiled("flash2_forward.cu", self.name_expression), self.shared_bytes, what)
 
     def resources(self) -> dict:
-        """What the compiler gave the kernel: registers, spills to local memory, shared memory."""
-        kernel = self.function()
-        return {
-            "kernel": self.name_expression,
-            "threads": self.threads,
-            "registers": int(kernel.num_regs),
-            "local_bytes": int(kernel.local_size_bytes),
-            "shared_bytes": self.shared_bytes + int(kernel.shared_size_bytes),
-        }
+        return resources(self.function(), self.name_expression, self.threads, self.shared_bytes)
+
+
+def resources(kernel, name_expression: str, threads: int, dynamic_bytes: int) -> dict:
+    """What the compiler gave a kernel: registers, spills to local memory, shared memory."""
+    return {
+        "kernel": name_expression,
+        "threads": threads,
+        "registers": int(kernel.num_regs),
+        "local_bytes": int(kernel.local_size_bytes),
+        "shared_bytes": dynamic_bytes + int(kernel.shared_size_bytes),
+    }
+
+
+def decode_slices(rows: int) -> int:
+    """Warps of a split CTA sharing each 16-row group of a query tile holding `rows` (packed) rows: all 4
+    on one group up to 16 rows, 2 on each of two up to 32, one warp a group beyond."""
+    return 4 if rows <= 16 else 2 if rows <= 32 else 1
+
+
+@attrs.frozen
+class DecodeSplitKernel:
+    """One instantiation of flash_decoding_split.cu: storage dtype, head dim, slices, and the build."""
+
+    dtype: str = "float16"
+    d: int = 128
+    block_kv: int = 64
+    slices: int = 4
+    instrumented: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        _choice("dtype", self.dtype, STORAGE_TYPES)
+        _choice("d", self.d, DECODE_BLOCK_KV)
+        _choice("block_kv", self.block_kv, DECODE_BLOCK_KV[self.d])
+        _choice("slices", self.slices, DECODE_SLICES)
+
+    @property
+    def name_expression(self) -> str:
+        build = "true" if self.instrumented else "false"
+        return (f"flash_decoding_split<{STORAGE_TYPES[self.dtype]}, {self.block_kv}, {self.d}, {self.slices}, "
+                f"{build}>")
+
+    @property
+    def shared_bytes(self) -> int:
+        """Dynamic shared memory: Q_i and DECODE_STAGES buffers of K_j and V_j, 2 bytes a value."""
+        return (DECODE_BLOCK_Q + DECODE_STAGES * 2 * self.block_kv) * self.d * 2
+
+    def function(self):
+        what = f"flash_decoding_split with d={self.d}, block_kv={self.block_kv}"
+        return _fit_shared(compiled("flash_decoding_split.cu", self.name_expression), self.shared_bytes, what)
+
+    def resources(self) -> dict:
+        return resources(self.function(), self.name_expression, DECODE_THREADS, self.shared_bytes)
+
+
+@attrs.frozen
+class DecodeCombineKernel:
+    """One instantiation of flash_decoding_combine.cu: storage dtype, head dim, and the build."""
+
+    dtype: str = "float16"
+    d: int = 128
+    instrumented: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        _choice("dtype", self.dtype, STORAGE_TYPES)
+        _choice("d", self.d, DECODE_BLOCK_KV)
+
+    @property
+    def name_expression(self) -> str:
+        return f"flash_decoding_combine<{STORAGE_TYPES[self.dtype]}, {self.d}, {'true' if self.instrumented else 'false'}>"
+
+    @staticmethod
+    def shared_bytes(num_splits: int) -> int:
+        """Dynamic shared memory: the row's weights, one float a split."""
+        return num_splits * 4
+
+    def function(self, num_splits: int):
+        what = f"flash_decoding_combine with {num_splits} splits"
+        return _fit_shared(compiled("flash_decoding_combine.cu", self.name_expression),
+                           self.shared_bytes(num_splits), what)
+
+    def resources(self, num_splits: int) -> dict:
+        return resources(self.function(num_splits), self.name_expression, DECODE_THREADS, self.shared_bytes(num_splits))
 
 
 @attrs.frozen
@@ -179,8 +265,7 @@ class Flash2BackwardKernels:
         """What the compiler gave each of the three kernels."""
         threads = (ELEMENTWISE_THREADS, self.threads, ELEMENTWISE_THREADS)
         shared = (0, self.shared_bytes, 0)
-        return [{"kernel": expression, "threads": count, "registers": int(kernel.num_regs),
-                 "local_bytes": int(kernel.local_size_bytes), "shared_bytes": dynamic + int(kernel.shared_size_bytes)}
+        return [resources(kernel, expression, count, dynamic)
                 for expression, kernel, count, dynamic in zip(self.name_expressions, self.functions(), threads, shared)]
 
 
@@ -222,8 +307,11 @@ class SoftmaxKernel:
 
 
 def supported() -> dict:
-    """The configurations the GPU kernels are instantiated for, by argument (the backward's apart)."""
+    """The configurations the GPU kernels are instantiated for, by argument (Flash-Decoding: d and its
+    KV tile; the backward's apart)."""
     return {"dtype": list(STORAGE_TYPES), "d": list(HEAD_DIMS), "block_q": list(BLOCK_Q), "block_kv": list(BLOCK_KV),
+            "decode": {"d": list(DECODE_BLOCK_KV), "block_q": DECODE_BLOCK_Q,
+                       "block_kv": {str(d): list(b) for d, b in DECODE_BLOCK_KV.items()}},
             "backward": {"d": list(BACKWARD_HEAD_DIMS), "block_q": list(BACKWARD_BLOCK_Q),
                          "block_kv": list(BACKWARD_BLOCK_KV)}}
 

@@ -114,10 +114,11 @@ static __device__ __forceinline__ int swizzle(int row, int ch) {
   return row * D + ((ch ^ (row & 7)) << 3);
 }
 
-// Copy `rows` x D values (valid_rows of them real, the rest zero-filled) from HBM into a swizzled
-// shared tile. Returns the bytes this thread read from HBM.
-template <int ROWS, int D, int THREADS>
-static __device__ __forceinline__ u32 load_tile(u32 dst, const storage_t* src, int valid_rows) {
+// Copy ROWS x D values (valid_rows of them real, the rest zero-filled) from HBM into a swizzled shared
+// tile; src(row) is where a valid row starts, so the rows need not be contiguous. Returns the bytes this
+// thread read from HBM.
+template <int ROWS, int D, int THREADS, typename RowStart>
+static __device__ __forceinline__ u32 load_tile(u32 dst, RowStart src, int valid_rows) {
   constexpr int CHUNKS = D / 8;
   u32 read_bytes = 0;
 #pragma unroll
@@ -126,10 +127,16 @@ static __device__ __forceinline__ u32 load_tile(u32 dst, const storage_t* src, i
     if (ROWS * CHUNKS % THREADS != 0 && c >= ROWS * CHUNKS) break;
     const int row = c / CHUNKS, ch = c % CHUNKS;
     const bool valid = row < valid_rows;
-    cp_async_16(dst + 2 * swizzle<D>(row, ch), valid ? src + row * D + ch * 8 : src, valid ? 16 : 0);
+    cp_async_16(dst + 2 * swizzle<D>(row, ch), valid ? src(row) + ch * 8 : src(0), valid ? 16 : 0);
     read_bytes += valid ? 16 : 0;
   }
   return read_bytes;
+}
+
+// load_tile for ROWS contiguous rows of D values from src.
+template <int ROWS, int D, int THREADS>
+static __device__ __forceinline__ u32 load_tile(u32 dst, const storage_t* src, int valid_rows) {
+  return load_tile<ROWS, D, THREADS>(dst, [=](int row) { return src + row * D; }, valid_rows);
 }
 
 // The inverse of ldmatrix_x4 (sm_90): lane 4 row + c/2 holds row `row`, columns c, c + 1 of matrix k in

@@ -1,5 +1,5 @@
-"""Tables from the GPU results (validate, profile, bench, sdpa-check JSON): the rows the CLI prints and
-the Markdown the docs carry. Pure Python: it reads results, it runs nothing."""
+"""Tables from the GPU results (validate, profile, bench, kernel-profile, sdpa-check JSON): the rows the
+CLI prints and the Markdown the docs carry. Pure Python: it reads results, it runs nothing."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from simflash.config import MiB
 
 Table = tuple[list[str], list[list[str]]]  # headers, rows
 RESULT_FILES = {"validate": "validate.json", "profile": "profile.json", "bench": "bench.json",
-                "sdpa": "sdpa_check.json", "backward_validate": "backward_validate.json",
+                "sdpa": "sdpa_check.json", "validate_gqa": "validate_gqa.json", "validate_decode": "validate_decode.json",
+                "decode_bench": "decode_bench.json", "validate_v2": "validate_v2.json", "versions": "bench_versions.json",
+                "kernel_profile": "kernel_profile.json", "backward_validate": "backward_validate.json",
                 "backward_bench": "backward_bench.json", "backward_profile": "backward_profile.json"}
 
 
@@ -31,10 +33,15 @@ def _yes(flag: bool) -> str:
     return "yes" if flag else "NO"
 
 
+def _grouped_or_windowed(record: dict) -> bool:
+    """A record of the grouped-query and window rows (they carry the max-abs rule)."""
+    return "fa_rule" in record["error"]
+
+
 def validate_table(result: dict) -> Table:
     """One row per (dtype, n_q, n_kv, d, tiles): worst errors over the masks, and whether every check held."""
     groups: dict[tuple, list[dict]] = {}
-    for record in result["records"]:
+    for record in (r for r in result["records"] if not _grouped_or_windowed(r)):
         c = record["config"]
         groups.setdefault((c["dtype"], c["n_q"], c["n_kv"], c["d"], c["block_q"], c["block_kv"]), []).append(record)
     headers = ["dtype", "n_q", "n_kv", "d", "B_r x B_c", "masks", "max rel. error GPU", "max rel. error naive",
@@ -55,6 +62,90 @@ def validate_table(result: dict) -> Table:
             "–" if not naive else f"{max(n['error'] for n in naive):.2e}",
             "–" if not naive else _yes(all(_naive_bytes_ok(r) for r in records)),
         ])
+    return headers, rows
+
+
+def _window(config: dict) -> str:
+    left, right = config["window"]
+    mask = f"({left}, {right})" if (left, right) != (-1, -1) else "none"
+    return mask + (f", causal {config['causal_variant']}" if config["causal"] else
+                   f", {config['causal_variant']}" if (left, right) != (-1, -1) else "")
+
+
+def gqa_window_table(result: dict) -> Table:
+    """One row per grouped-query or windowed FA-2 configuration: the max-abs rule and every check."""
+    headers = ["dtype", "batch", "H_q / H_kv", "packed", "n_q", "n_kv", "d", "window, mask", "max abs error GPU",
+               "2 x naive + atol", "2x rule", "bytes = simulator = model", "m, l trace", "timed = instrumented"]
+    rows = []
+    for record in (r for r in result["records"] if _grouped_or_windowed(r)):
+        c, rule = record["config"], record["error"]["fa_rule"]
+        rows.append([c["dtype"], str(c["batch"]), f"{c['heads']} / {c['kv_heads'] or c['heads']}",
+                     "yes" if c["pack_gqa"] else "no", str(c["n_q"]), str(c["n_kv"]), str(c["d"]), _window(c),
+                     f"{rule['max_abs']:.2e}", f"{rule['bound']:.2e}", _yes(rule["passed"] and record["error"]["within_fa_rule"]),
+                     _yes(record["traffic"]["equals_simulator"] and record["traffic"]["equals_model"]),
+                     _yes(record["trace"]["ok"]), _yes(record["timed_equals_instrumented"])])
+    return headers, rows
+
+
+def decode_table(result: dict) -> Table:
+    """One row per Flash-Decoding configuration."""
+    headers = ["dtype", "batch", "H_q / H_kv", "packed", "n_q", "n_kv", "cache lengths", "d", "B_c", "mask", "splits",
+               "max abs error GPU", "2 x naive + atol", "2x rule", "SDPA max abs diff", "bytes = simulator = model",
+               "timed = instrumented"]
+    rows = []
+    for record in result["decode"]:
+        c, error = record["config"], record["error"]
+        lengths = "all" if c["cache_seqlens"] is None else ",".join(str(n) for n in c["cache_seqlens"])
+        mask = ("causal" if c["causal"] else "full") + ("" if list(c["window"]) == [-1, -1] else f", window {tuple(c['window'])}")
+        splits = f"{record['num_splits']}" + (" (heuristic)" if c["num_splits"] is None else "")
+        sdpa = record["sdpa"]
+        rows.append([c["dtype"], str(c["batch"]), f"{c['heads']} / {c['kv_heads']}", "yes" if c["pack_gqa"] else "no",
+                     str(c["n_q"]), str(c["n_kv"]), lengths, str(c["d"]), str(record["block_kv"]), mask, splits,
+                     f"{error['max_abs']:.2e}",
+                     f"{error['bound']:.2e}", _yes(error["fa_rule"]),
+                     sdpa.get("skipped") or f"{sdpa['max_abs_diff']:.2e}" + ("" if sdpa["within_bound"] else " (over)"),
+                     _yes(record["traffic"]["equals_simulator"] and record["traffic"]["equals_model"]),
+                     _yes(record["timed_equals_instrumented"])])
+    return headers, rows
+
+
+def _gbps(timing: dict) -> str:
+    return timing["error"][:40] if "error" in timing else f"{timing['GBps']:,.0f} ({timing['pct_hbm_peak']:.0f}%)"
+
+
+def decode_bench_table(result: dict) -> Table:
+    """One row per (batch x K/V heads, cache length): K/V GB/s and % of HBM peak of each method."""
+    headers = ["batch x H_kv", "n_kv", "K/V MiB", "FA-2 T_r=1 packed", "FA-2 T_r=1 unpacked",
+               "Flash-Decoding (splits)", "best of the split sweep (splits)", "with FA-2's KV tile (splits)", "SDPA"]
+    rows = []
+    for row in result["rows"]:
+        c, fd = row["config"], row["flash_decoding"]
+        sweep = max(row.get("flash_decoding_sweep", []), key=lambda t: t["GBps"], default=None)
+        fa2_tile = row.get("flash_decoding_fa2_tile")
+        rows.append([f"{c['batch']} x {c['kv_heads']}", f"{c['n_kv'] // 1024}k", _mib(row["kv_bytes"]),
+                     _gbps(row["fa2_packed"]), _gbps(row["fa2_unpacked"]), f"{_gbps(fd)} ({fd['num_splits']})",
+                     "–" if sweep is None else f"{_gbps(sweep)} ({sweep['num_splits']})",
+                     "–" if fa2_tile is None else f"{_gbps(fa2_tile)} ({fa2_tile['num_splits']})", _gbps(row["sdpa"])])
+    return headers, rows
+
+
+def decode_profile_table(result: dict) -> Table:
+    """The split and combine kernels under Nsight Compute: counted bytes against DRAM and L2, duration."""
+    headers = ["batch x H_kv", "n_kv", "splits", "kernel", "counted bytes (MiB)", "DRAM read (MiB)", "DRAM written (MiB)",
+               "L2 bytes (MiB)", "time (us)", "DRAM read GB/s (% of peak)"]
+    peak = result["hbm_peak_bytes_per_s"]
+    rows = []
+    for entry in result["profile"]["configs"]:
+        c = entry["config"]
+        for row in entry["ncu"]:
+            kernel = "split" if "flash_decoding_split" in row["kernel"] else "combine"
+            counted = sum(read + write for name, _, read, write in entry["instrumented"] if name.endswith(kernel))
+            seconds = row["gpu__time_duration.sum"] * 1e-9
+            per_s = row["dram__bytes_read.sum"] / seconds
+            rows.append([f"{c['batch']} x {c['kv_heads']}", f"{c['n_kv'] // 1024}k", str(entry["num_splits"]), kernel,
+                         _mib(counted), _mib(row["dram__bytes_read.sum"]), _mib(row["dram__bytes_write.sum"]),
+                         _mib(row["lts__t_bytes.sum"]), f"{seconds * 1e6:.1f}",
+                         f"{per_s / 1e9:,.0f} ({100 * per_s / peak:.0f}%)"])
     return headers, rows
 
 
@@ -152,6 +243,50 @@ def tiles_table(rows_in: list[dict]) -> Table:
     return headers, rows
 
 
+def _tflops(timing) -> str:
+    return f"{timing['tflops']:.1f}" if isinstance(timing, dict) else "–"
+
+
+def versions_table(rows_in: list[dict]) -> Table:
+    """Each FA-2 kernel version's TFLOP/s by tile shape, its best over SDPA flash, and SDPA's fused
+    backends, all timed in the same process on the same inputs."""
+    shapes = list(dict.fromkeys(shape for row in rows_in for timings in row.get("versions", {}).values()
+                                for shape in timings))
+    headers = ["N", "d", "causal", "kernel", *[f"{shape} TFLOP/s" for shape in shapes], "best / SDPA flash",
+               "SDPA flash TFLOP/s", "SDPA cuDNN TFLOP/s", "SDPA efficient TFLOP/s"]
+    rows = []
+    for row in rows_in:
+        c = row["config"]
+        for version, timings in row.get("versions", {}).items():
+            best = max(timing["tflops"] for timing in timings.values())
+            flash = row.get("sdpa_flash")
+            rows.append([str(c["n"]), str(c["d"]), "yes" if c["causal"] else "no", version,
+                         *[_tflops(timings.get(shape)) for shape in shapes],
+                         f"{best / flash['tflops']:.2f}" if isinstance(flash, dict) else "–",
+                         _tflops(flash), _tflops(row.get("sdpa_cudnn")), _tflops(row.get("sdpa_efficient"))])
+    return headers, rows
+
+
+def kernel_profile_table(result: dict) -> Table:
+    """Per configuration and kernel, what Nsight Compute measured (a metric ncu lacked shows as –)."""
+    headers = ["N", "d", "causal", "kernel", "time µs", "TFLOP/s (under ncu)", "tensor pipe active %",
+               "shared wavefronts (M)", "shared wavefronts per MFLOP", "warps active %", "DRAM read MiB"]
+    rows = []
+    for row in result["rows"]:
+        c = row["config"]
+
+        def shown(key: str, fmt: str, divide: float = 1.0) -> str:
+            return "–" if row.get(key) is None else format(row[key] / divide, fmt)
+
+        time_ns = row.get("time_ns")
+        rows.append([str(c["n"]), str(c["d"]), "yes" if c["causal"] else "no", row["kernel"],
+                     shown("time_ns", ",.1f", 1e3), "–" if not time_ns else f"{row['flops'] / time_ns / 1e3:.1f}",
+                     shown("tensor_active_pct", ".1f"), shown("shared_wavefronts", ",.1f", 1e6),
+                     shown("shared_wavefronts", ".1f", row["flops"] / 1e6), shown("warps_active_pct", ".1f"),
+                     shown("dram_read_bytes", ",.1f", MiB)])
+    return headers, rows
+
+
 def sdpa_table(results: list[dict]) -> Table:
     headers = ["N", "d", "causal", "backend", "verdict", "kernels"]
     rows = []
@@ -190,6 +325,21 @@ def tables(results: dict) -> dict[str, Table]:
         out["tiles"] = tiles_table(results["bench"]["rows"])
     if "sdpa" in results:
         out["sdpa"] = sdpa_table(results["sdpa"]["checks"])
+    if "validate_gqa" in results:
+        out["gqa_window"] = gqa_window_table(results["validate_gqa"])
+    if "validate_decode" in results:
+        out["decode"] = decode_table(results["validate_decode"])
+    if "decode_bench" in results:
+        out["decode_bench"] = decode_bench_table(results["decode_bench"])
+        if "profile" in results["decode_bench"]:
+            out["decode_profile"] = decode_profile_table(results["decode_bench"])
+    if "validate_v2" in results:
+        out["validate_v2"] = validate_table(results["validate_v2"])
+        out["resources_v2"] = resources_table(results["validate_v2"])
+    if "versions" in results:
+        out["versions"] = versions_table(results["versions"]["rows"])
+    if "kernel_profile" in results:
+        out["kernel_profile"] = kernel_profile_table(results["kernel_profile"])
     from simflash.backends import report_backward  # it builds on this module's helpers
 
     if "backward_validate" in results:

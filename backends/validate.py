@@ -1,14 +1,18 @@
 """Correctness of the GPU kernels against a float64 reference and against the simulator, same inputs.
 
 For each configuration: the instrumented and timed builds of the FA-2 kernel, the simulator's FA-2
-and naive attention in the same storage dtype, and (float16) the naive GPU path all run on one set
-of fresh random inputs. Recorded per configuration:
+and naive attention in the same storage dtype, and (float16, one K/V head a query head, no window)
+the naive GPU path all run on one set of fresh random inputs. Recorded per configuration:
 
 - relative error ||out - ref|| / ||ref|| of each, and FlashAttention's rule: the kernel's error at
-  most 2x that of naive attention in the same dtype (simflash.numerics.within_tolerance);
+  most 2x that of naive attention in the same dtype (simflash.numerics.within_tolerance; the
+  grouped-query and window rows also on max |out - ref|, simflash.numerics.fa_rule);
 - the HBM bytes the kernel counted, against the simulator's ledger and the closed form (exact);
 - m and l after every KV tile of one query tile, against the simulator's TileStep;
 - that the timed build writes the same bits as the instrumented one, and no NaN anywhere.
+
+The Flash-Decoding kernels have their own rows (simflash.backends.validate_decode); `suites` names
+both sets.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import numpy as np
 import simflash as sf
 from simflash.backends import flash2, naive
 from simflash.memory import Traffic
-from simflash.numerics import reference_attention, relative_error, within_tolerance
+from simflash.numerics import fa_rule, reference_attention, relative_error, upcast, within_tolerance
 
 TRACE_RTOL = 1e-3  # m and l: fp32 sums in a different order and a hardware exp2
 
@@ -35,12 +39,28 @@ class CheckConfig:
     dtype: str
     block_q: int = 128
     block_kv: int = 64
+    batch: int = 1  # leading dim of q, k, v when above 1: (batch, heads, n, d)
+    kv_heads: int | None = None  # K/V heads per batch element (None: as many as query heads)
+    window: tuple[int, int] = attrs.field(default=(-1, -1), converter=tuple)
+    pack_gqa: bool = False
+
+    @property
+    def group(self) -> int:
+        return 1 if self.kv_heads is None else self.heads // self.kv_heads
+
+    @property
+    def cta_heads(self) -> int:
+        """Heads the kernel's CTAs are indexed by, all batch elements: packed groups or query heads."""
+        return self.batch * (self.heads // self.group if self.pack_gqa else self.heads)
 
     @property
     def label(self) -> str:
         mask = self.causal_variant if self.causal else "full"
-        return (f"{self.dtype} n_q={self.n_q} n_kv={self.n_kv} d={self.d} H={self.heads} {mask} "
-                f"B_r={self.block_q} B_c={self.block_kv}")
+        heads = f"H={self.heads}" if self.group == 1 else f"H_q={self.heads} H_kv={self.kv_heads}"
+        extra = ("" if self.batch == 1 else f" batch={self.batch}") + (
+            "" if self.window == (-1, -1) else f" window={self.window}") + (" packed" if self.pack_gqa else "")
+        return (f"{self.dtype} n_q={self.n_q} n_kv={self.n_kv} d={self.d} {heads} {mask} "
+                f"B_r={self.block_q} B_c={self.block_kv}{extra}")
 
 
 MASKS = ((False, "upper_left"), (True, "upper_left"), (True, "lower_right"))
@@ -77,6 +97,27 @@ def default_configs(quick: bool = False) -> list[CheckConfig]:
     return configs
 
 
+WINDOWS = (  # (window, causal, causal_variant): no window, both edges, two-sided, causal as a window
+    ((-1, -1), True, "lower_right"), ((256, 0), False, "upper_left"), ((128, 128), False, "lower_right"),
+    ((-1, 0), False, "upper_left"), ((64, -1), True, "upper_left"),
+)
+
+
+def gqa_window_configs() -> list[CheckConfig]:
+    """Grouped-query heads (8 query heads over 8, 2 or 1 K/V heads: groups 1, 4, 8), each group size
+    unpacked and packed, against every window of WINDOWS; n_q != n_kv both ways, d = 64 and 128,
+    float16 and bfloat16, a batch of 2 and the ragged and empty query tiles these shapes make."""
+    shapes = ((300, 700), (700, 300), (513, 513))
+    configs = []
+    for n, (kv_heads, pack) in enumerate(((8, False), (2, False), (2, True), (1, False), (1, True))):
+        for m, (window, causal, variant) in enumerate(WINDOWS):
+            k = n * len(WINDOWS) + m
+            n_q, n_kv = shapes[k % len(shapes)]
+            configs.append(CheckConfig(n_q, n_kv, (64, 128)[k % 2], 8, causal, variant, ("float16", "bfloat16")[k // 2 % 2],
+                                       batch=1 + k % 3 // 2, kv_heads=kv_heads, window=window, pack_gqa=pack))
+    return configs
+
+
 def ledger_rows(traffic: Traffic) -> list[list]:
     """A ledger as JSON rows [kernel, tensor, read_bytes, write_bytes]."""
     return [[kernel, tensor, flow.read_bytes, flow.write_bytes] for (kernel, tensor), flow in traffic.ledger.items()]
@@ -98,25 +139,37 @@ def _trace_check(gpu_steps, sim_steps) -> dict:
             "ok": same_infinities and m_diff <= TRACE_RTOL and l_diff <= TRACE_RTOL}
 
 
-def check(config: CheckConfig, rng: np.random.Generator) -> dict:
-    """Run one configuration every way and record how the results compare."""
-    c = config
-    q = rng.standard_normal((c.heads, c.n_q, c.d), dtype=np.float32)
-    k = rng.standard_normal((c.heads, c.n_kv, c.d), dtype=np.float32)
-    v = rng.standard_normal((c.heads, c.n_kv, c.d), dtype=np.float32)
-    common = dict(causal=c.causal, causal_variant=c.causal_variant, dtype=c.dtype)
-    tiles = dict(block_q=c.block_q, block_kv=c.block_kv)
-    trace_head = c.heads - 1  # the last head and the last (ragged, most masked) query tile
-    trace_tile = sf.TileSchedule(c.n_q, c.n_kv, c.block_q, c.block_kv).n_q_tiles - 1
+def equal_bytes(a: Traffic, b: Traffic) -> bool:
+    """The same bytes under every (kernel, tensor) key; a key with no bytes counts as absent."""
+    def moved(t: Traffic) -> dict:
+        return {key: flow for key, flow in t.ledger.items() if flow.total_bytes}
+    return moved(a) == moved(b)
 
-    ref = reference_attention(q, k, v, **common)
-    gpu = flash2.flash_attention(q, k, v, **tiles, **common, trace_head=trace_head, trace_tile=trace_tile)
-    timed = flash2.flash_attention(q, k, v, **tiles, **common, instrumented=False)
+
+def check(config: CheckConfig, rng: np.random.Generator, version: str = "v1") -> dict:
+    """Run one configuration every way and record how the results compare (the naive GPU path with
+    version 1 only: it does not depend on the FA-2 kernel's version)."""
+    c = config
+    lead = (c.batch,) if c.batch > 1 else ()
+    kv_heads = c.heads if c.kv_heads is None else c.kv_heads
+    q = rng.standard_normal((*lead, c.heads, c.n_q, c.d), dtype=np.float32)
+    k = rng.standard_normal((*lead, kv_heads, c.n_kv, c.d), dtype=np.float32)
+    v = rng.standard_normal((*lead, kv_heads, c.n_kv, c.d), dtype=np.float32)
+    common = dict(causal=c.causal, causal_variant=c.causal_variant, dtype=c.dtype)
+    tiles = dict(block_q=c.block_q, block_kv=c.block_kv, window=c.window, pack_gqa=c.pack_gqa)
+    trace_head = c.cta_heads - 1  # the last head and the last (ragged, most masked) query tile
+    trace_tile = sf.TileSchedule(c.n_q * (c.group if c.pack_gqa else 1), c.n_kv, c.block_q, c.block_kv).n_q_tiles - 1
+
+    ref = reference_attention(q, k, v, **common, window=c.window)
+    gpu = flash2.flash_attention(q, k, v, **tiles, **common, trace_head=trace_head, trace_tile=trace_tile,
+                                 version=version)
+    timed = flash2.flash_attention(q, k, v, **tiles, **common, instrumented=False, version=version)
     sim = sf.flash_attention(q, k, v, **tiles, **common, trace="stats", trace_heads=[trace_head],
                              trace_tiles=[trace_tile])
-    sim_naive = sf.naive_attention(q, k, v, **common)
+    sim_naive = sf.naive_attention(q, k, v, **common, window=c.window)
     model = sf.model.flash_traffic(c.n_q, c.d, c.block_q, c.block_kv, c.dtype, c.causal, n_kv=c.n_kv,
-                                   heads=c.heads, causal_variant=c.causal_variant)
+                                   heads=c.batch * c.heads, causal_variant=c.causal_variant, window=c.window,
+                                   kv_heads=c.batch * kv_heads, pack_gqa=c.pack_gqa)
 
     err = relative_error(gpu.out, ref)
     err_naive = relative_error(sim_naive.out, ref)
@@ -133,13 +186,17 @@ def check(config: CheckConfig, rng: np.random.Generator) -> dict:
         "timed_equals_instrumented": bool(np.array_equal(gpu.out.view(np.uint16), timed.out.view(np.uint16))),
         "traffic": {
             "instrumented": ledger_rows(gpu.traffic),
-            "equals_simulator": gpu.traffic == sim.traffic,
-            "equals_model": gpu.traffic == model,
+            "equals_simulator": equal_bytes(gpu.traffic, sim.traffic),
+            "equals_model": equal_bytes(gpu.traffic, model),
         },
         "trace": {"head": trace_head, "tile": trace_tile, **_trace_check(gpu.trace, list(sim.trace))},
         "resources": gpu.resources,
     }
-    if c.dtype in naive.NAIVE_DTYPES:
+    if c.kv_heads is not None or c.window != (-1, -1) or c.batch > 1:  # the grouped-query and window rows
+        rule = fa_rule(gpu.out, sim_naive.out, ref, upcast(v, c.dtype))
+        record["error"]["fa_rule"] = {"max_abs": rule.error, "naive_max_abs": rule.naive_error, "bound": rule.bound,
+                                      "passed": rule.passed}
+    elif c.dtype in naive.NAIVE_DTYPES and version == "v1":
         gpu_naive = naive.naive_attention(q, k, v, **common)
         logical = sf.model.naive_traffic(c.n_q, c.d, c.dtype, c.causal, n_kv=c.n_kv, heads=c.heads,
                                          causal_variant=c.causal_variant)
@@ -159,9 +216,11 @@ def check(config: CheckConfig, rng: np.random.Generator) -> dict:
 
 
 def passed(record: dict) -> bool:
-    """Every check of one record holds (the naive GPU path: exact ledger when not causal)."""
+    """Every check of one record holds (the naive GPU path: exact ledger when not causal; the max-abs
+    rule where it was recorded)."""
     ok = (record["error"]["within_fa_rule"] and record["nan_free"] and record["timed_equals_instrumented"]
           and record["traffic"]["equals_simulator"] and record["traffic"]["equals_model"] and record["trace"]["ok"])
+    ok = ok and record["error"].get("fa_rule", {"passed": True})["passed"]
     naive_gpu = record.get("naive_gpu")
     if naive_gpu is not None:
         exact = naive_gpu["equals_model"] if not record["config"]["causal"] else naive_gpu["softmax_equals_model"]
@@ -187,15 +246,64 @@ def refusals() -> list[dict]:
     return out
 
 
-def validate(configs: list[CheckConfig], seed: int | None = None, progress=None, check=check, refusals=refusals) -> dict:
-    """Run every configuration on fresh inputs (seed recorded, so a run can be repeated); `check` and
-    `refusals` are the forward's unless given (simflash.backends.validate_backward passes the backward's)."""
+SUITES = ("fa2", "gqa-window", "decode")
+
+
+def suite_configs(suites: tuple[str, ...], quick: bool = False) -> tuple[list[CheckConfig], list]:
+    """The FA-2 configurations (fa2: default_configs; gqa-window: gqa_window_configs) and the
+    Flash-Decoding ones (decode: simflash.backends.validate_decode.decode_configs) of the suites named."""
+    unknown = [name for name in suites if name not in SUITES]
+    if unknown:
+        raise ValueError(f"suite must be among {list(SUITES)}, got {unknown}")
+    configs = (default_configs(quick) if "fa2" in suites else []) + (gqa_window_configs() if "gqa-window" in suites else [])
+    if "decode" not in suites:
+        return configs, []
+    from simflash.backends.validate_decode import decode_configs
+
+    return configs, decode_configs()
+
+
+def validate(configs: list[CheckConfig], seed: int | None = None, progress=None, decode: list | None = None,
+             version: str | None = "v1", check=check, refusals=refusals) -> dict:
+    """Run every configuration on fresh inputs (seed recorded, so a run can be repeated); `decode`:
+    Flash-Decoding configurations (simflash.backends.validate_decode), recorded apart. `check` and
+    `refusals` are the forward's unless given (simflash.backends.validate_backward passes the backward's,
+    with version None: its checks take no forward kernel version)."""
     seed = int(np.random.SeedSequence().entropy) if seed is None else seed
     rng = np.random.default_rng(seed)
     records = []
     for config in configs:
-        records.append(check(config, rng))
+        records.append(check(config, rng) if version is None else check(config, rng, version))
         if progress is not None:
             progress(records[-1])
-    return {"seed": str(seed), "records": records, "refusals": refusals(),
-            "all_ok": all(r["ok"] for r in records)}
+    result = {**({"kernel": version} if version is not None else {}), "seed": str(seed), "records": records,
+              "refusals": refusals()}
+    if decode:
+        from simflash.backends import validate_decode
+
+        result["decode"] = []
+        for config in decode:
+            result["decode"].append(validate_decode.check(config, rng))
+            if progress is not None:
+                progress(result["decode"][-1])
+    result["all_ok"] = all(r["ok"] for r in records + result.get("decode", []))
+    return result
+
+
+def version_configs(version: str, quick: bool = False) -> list[CheckConfig]:
+    """The configurations to validate a kernel version on: those of default_configs it is built for,
+    and (full sweep) for versions after the first, 128x128 tiles at d = 64 as well."""
+    kernel = flash2.kernel_version(version)
+    configs = default_configs(quick)
+    if version != "v1" and not quick:
+        configs += [CheckConfig(1000, 777, 64, 2, causal, variant, dtype, 128, 128)
+                    for causal, variant in MASKS for dtype in ("float16", "bfloat16")]
+    return [c for c in configs if _builds(kernel, c)]
+
+
+def _builds(kernel, config: CheckConfig) -> bool:
+    try:
+        kernel(config.dtype, config.block_q, config.block_kv, config.d)
+    except ValueError:
+        return False
+    return True

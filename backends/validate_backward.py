@@ -289,4 +289,4 @@ def refusals() -> list[dict]:
 
 def validate(configs: list[BackwardConfig], seed: int | None = None, progress=None) -> dict:
     """Run every configuration on fresh inputs (seed recorded, so a run can be repeated)."""
-    return forward_validate(configs, seed, progress, check, refusals)
+    return forward_validate(configs, seed, progress, version=None, check=check, refusals=refusals)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Generator, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 import ml_dtypes
@@ -18,6 +18,8 @@ from simflash.config import (
     DEFAULT_GPU,
     STATE_DTYPE,
     STORAGE_DTYPES,
+    CausalVariant,
+    StorageDtypeName,
     check_bool,
     check_causal_variant,
     check_positive_int,
@@ -25,12 +27,15 @@ from simflash.config import (
     gpu_spec,
     storage_dtype,
 )
-from simflash.grid import check_schedule, run_bodies
+from simflash.grid import Schedule, check_schedule, run_bodies
 from simflash.l2 import PhysicalTraffic
-from simflash.memory import MemoryEvent, OnChipStats, SimulatedGPU, Traffic
+from simflash.memory import HBM, MemoryEvent, OnChipStats, SimulatedGPU, Traffic
 from simflash.onchip import DEFAULT_KV_STAGES, check_fits, check_kv_stages, cta_resources, register_capacity_bytes
 from simflash.schedule import TileSchedule
-from simflash.trace import DEFAULT_TRACE_BUDGET_BYTES, TileStep, Trace, TraceRequest, trace_request
+from simflash.trace import DEFAULT_TRACE_BUDGET_BYTES, TileStep, Trace, TraceLevel, TraceRequest, trace_request
+
+if TYPE_CHECKING:
+    from simflash.model.decode import DecodeLaunch
 
 
 @attrs.frozen
@@ -58,6 +63,9 @@ class RunConfig:
     window: tuple[int, int] = attrs.field(default=(-1, -1), converter=check_window)  # (left, right) keys visible
     kv_heads: int | None = None  # K/V heads, all batch elements (None: as many as query heads)
     pack_gqa: bool = False  # a group's query heads packed into the rows of one tile
+    num_splits: int | None = None  # split-KV runs (Flash-Decoding): runs of KV tiles per query tile
+    cache_seqlens: tuple[int, ...] | None = attrs.field(  # split-KV runs: each batch element's valid K/V rows
+        default=None, converter=lambda v: None if v is None else tuple(int(n) for n in v))
 
     @property
     def cta_heads(self) -> int:
@@ -87,6 +95,7 @@ class Run:
     events: tuple[MemoryEvent, ...] = ()  # every transfer, hold and matmul, when record_events=True
     flops_by_kind: dict[str, int] = attrs.field(factory=dict)  # tensor (= flops), exp, fp32, div
     physical: PhysicalTraffic | None = None  # what the L2 let through to DRAM, when cache is set
+    decode: DecodeLaunch | None = None  # split-KV runs: the splits chosen, CTAs and waves
     # Entries of S that overflowed the storage dtype (naive only: S is stored in HBM in `dtype`, as an
     # fp16 eager path stores it). They are stored as +-inf, and every row holding one comes out NaN.
     overflow: int = 0
@@ -108,7 +117,7 @@ class Run:
         return repr_html(self)
 
 
-def _heads_layout(name: str, x: Any) -> np.ndarray:
+def heads_layout(name: str, x: Any) -> np.ndarray:
     array = np.asarray(x)
     if array.ndim < 2:
         raise ValueError(f"{name} must have shape (..., n, d) with at least 2 dimensions, got shape {array.shape}")
@@ -125,9 +134,9 @@ def prepare_inputs(q, k, v, dtype: str, scale: float | None, causal_variant: str
     Grouped-query heads: q (..., H_q, n_q, d) with k, v (..., H_kv, n_kv, d), H_q a multiple of H_kv;
     flattened, query head h reads K/V head h // (H_q / H_kv).
     """
-    store = storage_dtype(dtype)
+    storage_dtype(dtype)
     check_causal_variant(causal_variant)
-    q, k, v = (_heads_layout(name, x) for name, x in (("q", q), ("k", k), ("v", v)))
+    q, k, v = (heads_layout(name, x) for name, x in (("q", q), ("k", k), ("v", v)))
     if k.shape != v.shape:
         raise ValueError(f"k and v must have the same shape (..., n_kv, d), got {k.shape} and {v.shape}")
     if q.shape[-1] != k.shape[-1]:
@@ -138,15 +147,7 @@ def prepare_inputs(q, k, v, dtype: str, scale: float | None, causal_variant: str
     if q.ndim > 2 and q.shape[-3] % k.shape[-3]:
         raise ValueError(f"q's heads (H_q = {q.shape[-3]}) must be a multiple of k's and v's heads "
                          f"(H_kv = {k.shape[-3]}): each K/V head serves a group of H_q / H_kv query heads")
-    stored = []
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if not np.isfinite(x).all():
-            raise ValueError(f"{name} must be finite (no NaN or inf)")
-        with np.errstate(over="ignore"):  # an overflow is reported just below, naming the input
-            rounded = x.reshape(-1, *x.shape[-2:]).astype(store)
-        if not np.isfinite(rounded.astype(STATE_DTYPE)).all():
-            raise ValueError(f"{name} has values beyond the range of {dtype} (max {float(ml_dtypes.finfo(store).max):g})")
-        stored.append(rounded)
+    stored = [stored_heads(name, x, dtype) for name, x in (("q", q), ("k", k), ("v", v))]
     d = q.shape[-1]
     if scale is None:
         scale = 1.0 / math.sqrt(d)
@@ -156,7 +157,22 @@ def prepare_inputs(q, k, v, dtype: str, scale: float | None, causal_variant: str
     return (*stored, float(scale))
 
 
+def stored_heads(name: str, x: np.ndarray, dtype: str) -> np.ndarray:
+    """A finite input x (..., n, d) as HBM stores it: (heads, n, d), rounded to the storage dtype."""
+    store = storage_dtype(dtype)
+    if not np.isfinite(x).all():
+        raise ValueError(f"{name} must be finite (no NaN or inf)")
+    with np.errstate(over="ignore"):  # an overflow is reported just below, naming the input
+        rounded = x.reshape(-1, *x.shape[-2:]).astype(store)
+    if not np.isfinite(rounded.astype(STATE_DTYPE)).all():
+        raise ValueError(f"{name} has values beyond the range of {dtype} (max {float(ml_dtypes.finfo(store).max):g})")
+    return rounded
+
+
 CACHE_MODES = ("cold", "warm")
+CacheMode = Literal["cold", "warm"]
+Variant = Literal["fa2", "fa1"]  # the tiled algorithms (simflash.algorithms.FLASH_ALGORITHMS)
+OAccumDtype = Literal["storage", "float32"]
 
 
 def check_cache(cache: object) -> str | None:
@@ -294,7 +310,7 @@ def _trace_config(config: RunConfig) -> dict[str, Any]:
     """A run's config as its trace records it: schedule and cache only where they are not the defaults,
     so the traces of sequential runs without an L2 read as they always have."""
     defaults = {"schedule": "sequential", "cache": None, "o_accum_dtype": "storage", "kv_stages": DEFAULT_KV_STAGES,
-                "window": (-1, -1), "kv_heads": None, "pack_gqa": False}
+                "window": (-1, -1), "kv_heads": None, "pack_gqa": False, "num_splits": None, "cache_seqlens": None}
     return {k: v for k, v in attrs.asdict(config).items() if k not in defaults or v != defaults[k]}
 
 
@@ -345,12 +361,12 @@ def _attributed(gpu: SimulatedGPU, index: tuple[int, ...], body):
 
 
 def flash_attention(
-    q, k, v, block_q: int = 128, block_kv: int = 64, causal: bool = False,
-    causal_variant: str = "upper_left", scale: float | None = None, dtype: str = "float16",
-    variant: str = "fa2", trace: str = "stats", *, trace_heads: Iterable[int] | None = None,
+    q, k, v, block_q: int = 128, block_kv: int = 64, *, causal: bool = False,
+    causal_variant: CausalVariant = "upper_left", scale: float | None = None, dtype: StorageDtypeName = "float16",
+    variant: Variant = "fa2", trace: TraceLevel = "stats", trace_heads: Iterable[int] | None = None,
     trace_tiles: Iterable[int] | None = None, write_logsumexp: bool = False,
     gpu: str = DEFAULT_GPU, sram_bytes: int | None = None, record_events: bool = False,
-    schedule: str = "sequential", cache: str | None = None, o_accum_dtype: str = "storage",
+    schedule: Schedule = "sequential", cache: CacheMode | None = None, o_accum_dtype: OAccumDtype = "storage",
     kv_stages: int = DEFAULT_KV_STAGES, window: tuple[int, int] = (-1, -1), pack_gqa: bool = False,
 ) -> Run:
     """Tiled attention on the simulated GPU. q: (..., n_q, d); k, v: (..., n_kv, d).
@@ -394,9 +410,9 @@ def flash_attention(
 
 
 def flash_attention_steps(
-    q, k, v, block_q: int = 128, block_kv: int = 64, causal: bool = False,
-    causal_variant: str = "upper_left", scale: float | None = None, dtype: str = "float16",
-    variant: str = "fa2", *, trace_heads: Iterable[int] | None = None,
+    q, k, v, block_q: int = 128, block_kv: int = 64, *, causal: bool = False,
+    causal_variant: CausalVariant = "upper_left", scale: float | None = None, dtype: StorageDtypeName = "float16",
+    variant: Variant = "fa2", trace_heads: Iterable[int] | None = None,
     trace_tiles: Iterable[int] | None = None, gpu: str = DEFAULT_GPU, sram_bytes: int | None = None,
     window: tuple[int, int] = (-1, -1), pack_gqa: bool = False,
 ) -> Generator[TileStep, None, Run]:
@@ -425,9 +441,9 @@ def _exhaust(generator: Generator[TileStep, None, Run]) -> tuple[list[TileStep],
 
 
 def naive_attention(
-    q, k, v, causal: bool = False, causal_variant: str = "upper_left",
-    scale: float | None = None, dtype: str = "float16", *, record_events: bool = False,
-    schedule: str = "sequential", cache: str | None = None, gpu: str = DEFAULT_GPU,
+    q, k, v, *, causal: bool = False, causal_variant: CausalVariant = "upper_left",
+    scale: float | None = None, dtype: StorageDtypeName = "float16", record_events: bool = False,
+    schedule: Schedule = "sequential", cache: CacheMode | None = None, gpu: str = DEFAULT_GPU,
     window: tuple[int, int] = (-1, -1),
 ) -> Run:
     """The explicit three-kernel baseline on the simulated GPU: S and P materialised in HBM.
@@ -439,6 +455,14 @@ def naive_attention(
     kernels share it) reports `run.physical`. Each kernel's CTAs (one per head) stream in head order
     under either schedule.
     """
+    run, _ = naive_forward(q, k, v, causal, causal_variant, scale, dtype, record_events=record_events,
+                           schedule=schedule, cache=cache, gpu=gpu, window=window)
+    return run
+
+
+def naive_forward(q, k, v, causal, causal_variant, scale, dtype, *, record_events=False, schedule="sequential",
+                  cache=None, gpu=DEFAULT_GPU, window=(-1, -1)) -> tuple[Run, HBM]:
+    """`naive_attention`'s run, and the HBM it leaves: S and P stay there for a backward to read."""
     causal = check_bool("causal", causal)
     record_events = check_bool("record_events", record_events)
     Q, K, V, scale = prepare_inputs(q, k, v, dtype, scale, causal_variant)
@@ -480,4 +504,4 @@ def naive_attention(
         flops_by_kind=machine.compute.flops_by_kind(),
         physical=hbm.l2.traffic() if hbm.l2 is not None else None,
         overflow=overflow,
-    )
+    ), hbm

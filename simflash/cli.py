@@ -23,7 +23,7 @@ def _group() -> None:
 
 
 # Modules under simflash.commands; each has register(app) adding its commands.
-COMMAND_MODULES = ("run", "bench", "teach", "files", "analysis", "gpu", "physical", "tiles", "view")
+COMMAND_MODULES = ("run", "bench", "teach", "files", "analysis", "gpu", "physical", "tiles", "view", "decode")
 
 for _module in COMMAND_MODULES:
     importlib.import_module(f"simflash.commands.{_module}").register(app)

@@ -6,6 +6,7 @@ import importlib.resources
 import math
 import os
 import pathlib
+from typing import Literal
 
 import attrs
 import ml_dtypes
@@ -27,6 +28,10 @@ STORAGE_DTYPES: dict[str, np.dtype] = {
     "float32": np.dtype(np.float32),
 }
 STATE_DTYPE = np.dtype(np.float32)
+
+# The public API's choices, as types (the checks below hold values to them at run time).
+StorageDtypeName = Literal["float16", "bfloat16", "float32"]
+CausalVariant = Literal["upper_left", "lower_right"]
 
 # PyTorch's names. upper_left: query r sees keys c <= r (SDPA is_causal).
 # lower_right: query r sees keys c <= r + n_kv - n_q (FlashAttention >= 2.1).

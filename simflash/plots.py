@@ -1,9 +1,10 @@
 """Pictures (matplotlib, drawn off-screen with Agg): the tile map, the online-softmax statistics of
 chosen rows across KV tiles, cumulative HBM bytes by tensor over a run, and logical against physical
-(L2, DRAM) bytes per kernel and against N. PNG or SVG by suffix.
+(L2, DRAM) bytes per kernel and against N, and Flash-Decoding's predicted K/V bandwidth against batch x
+K/V heads. PNG or SVG by suffix.
 
 Each picture has a data function beside it (`row_statistics`, `cumulative_hbm_bytes`, `physical_bars`,
-`dram_vs_n`) so that what is drawn can be checked without looking at pixels.
+`dram_vs_n`, `decode_bandwidth`) so that what is drawn can be checked without looking at pixels.
 """
 
 from __future__ import annotations
@@ -364,3 +365,53 @@ def _threshold(axes, n: float, label: str) -> None:
         axes.annotate(f"{label}\n(N ≈ {n:,.0f})", (n, 0.02), xycoords=("data", "axes fraction"),
                       xytext=(-4 if right else 4, 0), textcoords="offset points", fontsize=8, color="dimgrey",
                       ha="right" if right else "left")
+
+
+DECODE_PAIRS = tuple(range(1, 257))  # batch x K/V heads
+
+
+def decode_bandwidth(n_kvs: Sequence[int], d: int = 128, *, group: int = 1, n_q: int = 1,
+                     block_kv: int | None = None, pack_gqa: bool = True, dtype: str = "float16",
+                     gpu: str = "H200", pairs: Sequence[int] = DECODE_PAIRS) -> dict:
+    """Predicted K/V bandwidth (K and V bytes over the decode step's predicted time, both kernels) against
+    batch x K/V heads, for one split and for FA-2's heuristic, per cache length in `n_kvs`; group query
+    heads per K/V head. The grid and the bytes depend on batch and K/V heads only through their product,
+    so x pairs are x batch elements of one K/V head each."""
+    from simflash.config import gpu_spec
+    from simflash.model.decode import predict_decode
+
+    spec = gpu_spec(gpu)
+    x = np.array(pairs)
+    lines = {}
+    for n_kv in n_kvs:
+        for label, splits in (("1 split", 1), ("heuristic", None)):
+            predictions = [predict_decode(n_kv, d, batch=int(p), heads=group, kv_heads=1, n_q=n_q,
+                                          num_splits=splits, block_kv=block_kv, pack_gqa=pack_gqa, dtype=dtype,
+                                          gpu=spec) for p in x]
+            lines[n_kv, label] = np.array([p.kv_bytes_per_s for p in predictions])
+    return {"pairs": x, "lines": lines, "hbm_bytes_per_s": spec.hbm_bytes_per_s * spec.calibration.get(
+        "hbm_efficiency", 1.0), "gpu": spec.name, "d": d, "group": group, "dtype": dtype}
+
+
+def plot_decode_bandwidth(path: str | Path, n_kvs: Sequence[int], d: int = 128, **options) -> Path:
+    """`decode_bandwidth` as lines in GB/s on a log2 x axis, the calibrated HBM bandwidth marked."""
+    path = picture_path(path)
+    data = decode_bandwidth(n_kvs, d, **options)
+    figure = Figure(figsize=(8, 4.8), layout="constrained")
+    axes = figure.add_subplot()
+    for c, n_kv in enumerate(dict.fromkeys(n_kv for n_kv, _ in data["lines"])):
+        axes.plot(data["pairs"], data["lines"][n_kv, "heuristic"] / 1e9, "-", color=f"C{c}",
+                  label=f"n_kv = {n_kv:,}, FA-2's heuristic")
+        axes.plot(data["pairs"], data["lines"][n_kv, "1 split"] / 1e9, "--", color=f"C{c}",
+                  label=f"n_kv = {n_kv:,}, 1 split")
+    axes.axhline(data["hbm_bytes_per_s"] / 1e9, color="grey", linestyle="-.", linewidth=1)
+    axes.annotate("HBM bandwidth as calibrated", (1, data["hbm_bytes_per_s"] / 1e9), fontsize=8, color="dimgrey",
+                  xytext=(4, 4), textcoords="offset points")
+    axes.set_xscale("log", base=2)
+    axes.set_xlabel("batch x K/V heads")
+    axes.set_ylabel("predicted K/V bandwidth (GB/s)")
+    axes.grid(alpha=0.3, which="both")
+    axes.legend(fontsize=8, loc="lower right")
+    axes.set_title(f"Flash-Decoding, predicted (a model): {data['gpu']}, d={data['d']}, {data['group']} query "
+                   f"heads per K/V head, {data['dtype']}", fontsize=10)
+    return _save(figure, path)

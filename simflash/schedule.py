@@ -108,6 +108,21 @@ class TileSchedule:
         lo, hi = self.visible_cols(rows.start // self.pack, (rows.stop - 1) // self.pack)
         return range(lo // self.block_kv, hi // self.block_kv + 1) if lo <= hi else range(0)
 
+    def q_tiles(self, j: int) -> list[int]:
+        """Query tiles that visit KV tile j (the backward's inner loop): i with j in `kv_tiles(i)`."""
+        return list(self.q_range(j))
+
+    def q_range(self, j: int) -> range:
+        """`q_tiles(j)` as a range. Position p touches the columns [c0, c1] of tile j iff
+        p + off + right >= c0 and p + off - left <= c1; those positions are contiguous, and so are the
+        query tiles holding their (packed) rows."""
+        cols, off = self.kv_cols(j), self.diagonal_offset
+        first = 0 if self.right is None else max(0, cols.start - off - self.right)
+        last = self.n_q - 1 if self.left is None else min(self.n_q - 1, cols.stop - 1 - off + self.left)
+        if first > last:
+            return range(0)
+        return range(first * self.pack // self.block_q, ((last + 1) * self.pack - 1) // self.block_q + 1)
+
     def tile_kind(self, i: int, j: int) -> TileKind:
         if not (0 <= i < self.n_q_tiles and 0 <= j < self.n_kv_tiles):
             raise IndexError(f"tile (i={i}, j={j}) is outside the {self.n_q_tiles} x {self.n_kv_tiles} grid")
@@ -138,3 +153,83 @@ class TileSchedule:
             [[self.tile_kind(i, j) for j in range(self.n_kv_tiles)] for i in range(self.n_q_tiles)],
             dtype=object,
         )
+
+
+def check_cache_seqlens(cache_seqlens: object, batch: int, n_kv: int) -> tuple[int, ...]:
+    """Each batch element's valid K/V rows: `batch` integers in 1..n_kv (None: all n_kv rows of every one)."""
+    if cache_seqlens is None:
+        return (n_kv,) * batch
+    if isinstance(cache_seqlens, np.ndarray):
+        cache_seqlens = cache_seqlens.tolist() if cache_seqlens.ndim == 1 else None
+    if not isinstance(cache_seqlens, (list, tuple)) or len(cache_seqlens) != batch:
+        raise ValueError(f"cache_seqlens must be None or a sequence of {batch} integers (one per batch element), "
+                         f"got {cache_seqlens!r}")
+    wrong = [n for n in cache_seqlens if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer))
+             or not 1 <= n <= n_kv]
+    if wrong:
+        raise ValueError(f"cache_seqlens must hold integers in 1..n_kv = {n_kv} (K/V rows valid per batch element), "
+                         f"got {wrong[0]!r}")
+    return tuple(int(n) for n in cache_seqlens)
+
+
+def check_num_splits(num_splits: object, n_kv_tiles: int) -> int:
+    """A split count the KV tiles allow: 1..T_c (a split holds whole KV tiles)."""
+    if isinstance(num_splits, (bool, np.bool_)) or not isinstance(num_splits, (int, np.integer)) or num_splits < 1:
+        raise ValueError(f"num_splits must be a positive integer (or None for the heuristic), got {num_splits!r}")
+    if num_splits > n_kv_tiles:
+        raise ValueError(f"num_splits must be at most {n_kv_tiles}, the KV tiles T_c a split holds whole, got "
+                         f"{num_splits}")
+    return int(num_splits)
+
+
+@attrs.frozen
+class SplitSchedule:
+    """Flash-Decoding's tiling (split-KV): FA-2's query tiles x KV tiles, with the KV tiles cut into
+    `num_splits` runs of whole tiles, ceil(T_c / num_splits) each, T_c from the allocated n_kv (as
+    FlashAttention-2's split kernel cuts them, whatever each sequence's length).
+
+    Batch element b holds `cache_seqlens[b]` valid K/V rows; its causal mask and window are aligned to
+    the bottom-right corner of its own rows (query row r is position seqlen_b - n_q + r, as decoding
+    appends the new queries at the end of the cache), so its tiling is a lower_right TileSchedule over
+    seqlen_b keys: rows at or past seqlen_b are never visited.
+    """
+
+    n_q: int = attrs.field(validator=_positive_int)
+    n_kv: int = attrs.field(validator=_positive_int)  # allocated K/V rows
+    block_q: int = attrs.field(validator=_positive_int)
+    block_kv: int = attrs.field(validator=_positive_int)
+    num_splits: int = attrs.field(validator=_positive_int)
+    cache_seqlens: tuple[int, ...] = attrs.field(converter=tuple)
+    causal: bool = attrs.field(default=False, converter=lambda v: check_bool("causal", v))
+    window: tuple[int, int] = attrs.field(default=(-1, -1), converter=lambda v: check_window(v))
+    pack: int = attrs.field(default=1, validator=_positive_int)
+
+    def __attrs_post_init__(self) -> None:
+        check_num_splits(self.num_splits, self.n_kv_tiles)
+        check_cache_seqlens(self.cache_seqlens, len(self.cache_seqlens), self.n_kv)
+        self.of_batch(0)  # causal with a window's right bound: refused as TileSchedule refuses it
+
+    @property
+    def n_kv_tiles(self) -> int:
+        """T_c of the allocated cache."""
+        return -(-self.n_kv // self.block_kv)
+
+    @property
+    def n_q_tiles(self) -> int:
+        """T_r: query tiles of (packed) rows, the same for every batch element."""
+        return -(-self.n_q * self.pack // self.block_q)
+
+    @property
+    def tiles_per_split(self) -> int:
+        return -(-self.n_kv_tiles // self.num_splits)
+
+    def of_batch(self, b: int) -> TileSchedule:
+        """Batch element b's tiling: its own keys, bottom-right aligned."""
+        return TileSchedule(self.n_q, self.cache_seqlens[b], self.block_q, self.block_kv, self.causal,
+                            "lower_right", self.window, self.pack)
+
+    def split_tiles(self, b: int, i: int, s: int) -> range:
+        """The KV tiles query tile i of batch element b visits in split s: its run cut to the split's tiles."""
+        run = self.of_batch(b).kv_range(i)
+        first = s * self.tiles_per_split
+        return range(max(run.start, first), min(run.stop, first + self.tiles_per_split))

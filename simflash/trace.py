@@ -3,28 +3,29 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import numpy as np
 
 from simflash import trace_files
 from simflash.config import STATE_DTYPE, MiB
-from simflash.trace_step import TRACE_LEVELS, TileStep
+from simflash.trace_step import TRACE_LEVELS, TileStep, TraceLevel
 
-__all__ = ["DEFAULT_TRACE_BUDGET_BYTES", "TRACE_LEVELS", "TileStep", "Trace", "TraceRequest", "trace_request"]
+__all__ = ["DEFAULT_TRACE_BUDGET_BYTES", "TRACE_LEVELS", "TileStep", "Trace", "TraceLevel", "TraceRequest",
+           "trace_request"]
 
 # A default trace must stay small whatever N is; larger ones are asked for by naming tiles.
 DEFAULT_TRACE_BUDGET_BYTES = 64 * MiB
 
 
-@attrs.frozen(eq=False)
-class Trace(Sequence[TileStep]):
-    """The recorded steps of a run, in execution order, with the run's configuration."""
+Step = TypeVar("Step")
 
-    level: str = "none"
-    steps: tuple[TileStep, ...] = ()
-    config: Mapping[str, Any] = attrs.field(factory=dict)
+
+class StepSequence(Sequence[Step]):
+    """Recorded steps, read as a sequence: the class keeps them in its `steps` tuple."""
+
+    steps: tuple[Step, ...]
 
     def __getitem__(self, index):  # type: ignore[override]
         return self.steps[index]
@@ -32,8 +33,22 @@ class Trace(Sequence[TileStep]):
     def __len__(self) -> int:
         return len(self.steps)
 
-    def __iter__(self) -> Iterator[TileStep]:
+    def __iter__(self) -> Iterator[Step]:
         return iter(self.steps)
+
+
+@attrs.frozen(eq=False)
+class Trace(StepSequence[TileStep]):
+    """The recorded steps of a run, in execution order, with the run's configuration.
+
+    A split-KV run (Flash-Decoding) also records its combine's weights exp(LSE_s - LSE):
+    float32 (splits, rows), rows as the partial logsumexps hold them; None for other runs.
+    """
+
+    level: str = "none"
+    steps: tuple[TileStep, ...] = ()
+    config: Mapping[str, Any] = attrs.field(factory=dict)
+    combine_weights: np.ndarray | None = None
 
     def of_tile(self, i: int, head: int = 0) -> list[TileStep]:
         """The steps of query tile i, in the order its KV tiles were visited."""
@@ -49,7 +64,7 @@ class Trace(Sequence[TileStep]):
         """Read a trace written by `save` as .json or .npz; a damaged, foreign or Perfetto file raises
         simflash.trace_files.TraceFileError (a ValueError) naming the file and the field."""
         contents = trace_files.read(path, format)
-        return cls(contents.level, contents.steps, contents.config)
+        return cls(contents.level, contents.steps, contents.config, contents.combine_weights)
 
     def _repr_html_(self) -> str | None:
         """Jupyter: the trace viewer (`simflash view`'s page) in an iframe; None without a run configuration."""
@@ -74,7 +89,7 @@ class TraceRequest:
         )
 
     def step(self, head, i, j, row_start, masked, m, alpha, l, a, *, m_tile=None, l_tile=None,  # noqa: E741
-             beta=None) -> TileStep:
+             beta=None, split=None) -> TileStep:
         """A snapshot of the live state (copies: the algorithm goes on updating its arrays)."""
 
         def optional(x):
@@ -93,6 +108,7 @@ class TraceRequest:
             m_tile=optional(m_tile),
             l_tile=optional(l_tile),
             beta=optional(beta),
+            split=split,
         )
 
 

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from simflash.trace_schema import OPTIONAL_FIELDS, STEP_FIELDS
+from simflash.trace_schema import OPTIONAL_FIELDS, SPLIT_FIELD, STEP_FIELDS
 
 if TYPE_CHECKING:
     from simflash.trace import Trace
@@ -23,10 +23,14 @@ def trace_differences(expected: Trace, actual: Trace, rtol: float = 0.0, atol: f
         problems.append(f"level {actual.level!r} != {expected.level!r}")
     if dict(expected.config) != dict(actual.config):
         problems.append(f"config {dict(actual.config)} != {dict(expected.config)}")
+    x, y = expected.combine_weights, actual.combine_weights
+    if (x is None) != (y is None) or x is not None and not (
+            x.shape == y.shape and np.allclose(y, x, rtol=rtol, atol=atol)):
+        problems.append("combine_weights differ")
     if len(expected) != len(actual):
         return [*problems, f"{len(actual)} steps != {len(expected)}"]
     for n, (want, got) in enumerate(zip(expected, actual)):
-        for name in (*STEP_FIELDS, *OPTIONAL_FIELDS):
+        for name in (*STEP_FIELDS, *OPTIONAL_FIELDS, SPLIT_FIELD):
             x, y = getattr(want, name), getattr(got, name)
             if isinstance(x, np.ndarray) and isinstance(y, np.ndarray):
                 same = (x.dtype == y.dtype and x.shape == y.shape

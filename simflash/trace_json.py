@@ -3,7 +3,8 @@
 Human-readable and diff-friendly. Floats are the exact float32 values written as decimal float64, so
 a round trip is lossless; non-finite values (m = -inf for a row that has seen no key yet) are written
 as the strings "-inf", "inf", "nan" to keep the JSON strict. Optional per-row fields
-(OPTIONAL_FIELDS: FA-1's m_tile, l_tile and beta) are written only by traces that hold them.
+(OPTIONAL_FIELDS: FA-1's m_tile, l_tile and beta), a split-KV step's split and a split-KV run's
+combine weights are written only by traces that hold them.
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ from simflash.trace_schema import (
     INDEX_FIELDS,
     OPTIONAL_FIELDS,
     SCHEMA_VERSION,
+    SPLIT_FIELD,
     STEP_FIELDS,
     TraceContents,
     TraceFileError,
     check_config,
     check_header,
+    checked_combine_weights,
     checked_step,
     floats,
     parse_json,
@@ -50,6 +53,7 @@ def step_dict(step: TileStep) -> dict:
         "m": _float_list(step.m), "alpha": _float_list(step.alpha), "l": _float_list(step.l),
         "a": None if step.a is None else [_float_list(row) for row in step.a],
         **{k: _float_list(getattr(step, k)) for k in OPTIONAL_FIELDS if getattr(step, k) is not None},
+        **({} if step.split is None else {SPLIT_FIELD: step.split}),
     }
 
 
@@ -57,6 +61,8 @@ def trace_json(trace: Trace) -> str:
     """The JSON text of a trace: an indented header, then one line per step."""
     header = {"format": FORMAT_NAME, "schema_version": SCHEMA_VERSION, "level": trace.level,
               "config": dict(trace.config)}
+    if trace.combine_weights is not None:
+        header["combine_weights"] = [_float_list(row) for row in trace.combine_weights]
     text = json.dumps(header, indent=2, default=plain, allow_nan=False)
     lines = [json.dumps(step_dict(step), allow_nan=False) for step in trace.steps]
     steps = "[\n" + ",\n".join(f"    {line}" for line in lines) + "\n  ]" if lines else "[]"
@@ -89,9 +95,10 @@ def trace_from_json(doc: Any, path: Path = Path("<trace>")) -> TraceContents:
     steps = []
     for n, raw in enumerate(raw_steps):
         where = f"steps[{n}]"
-        if not isinstance(raw, Mapping) or not set(STEP_FIELDS) <= set(raw) <= {*STEP_FIELDS, *OPTIONAL_FIELDS}:
+        optional_fields = {*OPTIONAL_FIELDS, SPLIT_FIELD}
+        if not isinstance(raw, Mapping) or not set(STEP_FIELDS) <= set(raw) <= {*STEP_FIELDS, *optional_fields}:
             raise TraceFileError(f"{path}: {where} must be an object with the fields {STEP_FIELDS} "
-                                 f"(and optionally {OPTIONAL_FIELDS})")
+                                 f"(and optionally {(*OPTIONAL_FIELDS, SPLIT_FIELD)})")
         if not isinstance(raw["masked"], bool):
             raise TraceFileError(f"{path}: {where}.masked must be true or false, got {shown(raw['masked'])}")
         m, alpha, l = (floats(raw[k], f"{where}.{k}", path) for k in ("m", "alpha", "l"))  # noqa: E741
@@ -106,6 +113,19 @@ def trace_from_json(doc: Any, path: Path = Path("<trace>")) -> TraceContents:
         optional = {k: floats(raw[k], f"{where}.{k}", path) for k in OPTIONAL_FIELDS if k in raw}
         steps.append(checked_step(
             path, where, level, geometry, *(_index(raw, k, where, path) for k in INDEX_FIELDS), raw["masked"],
-            m, alpha, l, a, **optional,
+            m, alpha, l, a, _index(raw, SPLIT_FIELD, where, path) if SPLIT_FIELD in raw else None, **optional,
         ))
-    return TraceContents(level, tuple(steps), config)
+    return TraceContents(level, tuple(steps), config, _combine_weights(doc, path, config))
+
+
+def _combine_weights(doc: Mapping, path: Path, config: dict[str, Any]) -> np.ndarray | None:
+    """The header's combine_weights (a list of rows, one per split), checked, or None when absent."""
+    raw = doc.get("combine_weights")
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or not raw:
+        raise TraceFileError(f"{path}: combine_weights must be a list of rows (one per split), got {shown(raw)}")
+    rows = [floats(row, f"combine_weights[{s}]", path) for s, row in enumerate(raw)]
+    if len({row.size for row in rows}) > 1:
+        raise TraceFileError(f"{path}: combine_weights has rows of different lengths")
+    return checked_combine_weights(np.array(rows, dtype=STATE_DTYPE), path, config)

@@ -1,8 +1,9 @@
 """Trace files as NPZ: the JSON file's content as plain arrays, one row of state per array row.
 
-Per-step arrays (head, i, j, row_start, masked, rows) and the state of every step's rows stacked
-(m, alpha, l, the optional OPTIONAL_FIELDS, and a in a "full" trace); header scalars and the config
-as JSON text. Loaded with `allow_pickle=False`.
+Per-step arrays (head, i, j, row_start, masked, rows, and a split-KV trace's split) and the state of
+every step's rows stacked (m, alpha, l, the optional OPTIONAL_FIELDS, and a in a "full" trace); a
+split-KV run's combine weights as one (splits, rows) array; header scalars and the config as JSON
+text. Loaded with `allow_pickle=False`.
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ from simflash.trace_schema import (
     INDEX_FIELDS,
     OPTIONAL_FIELDS,
     SCHEMA_VERSION,
+    SPLIT_FIELD,
     TraceContents,
     TraceFileError,
     check_config,
     check_header,
+    checked_combine_weights,
     checked_step,
     parse_json,
     plain,
@@ -51,8 +54,12 @@ def trace_arrays(trace: Trace) -> dict[str, np.ndarray]:
     for k in OPTIONAL_FIELDS:  # written when every step holds it
         if steps and all(getattr(s, k) is not None for s in steps):
             arrays[k] = np.concatenate([getattr(s, k) for s in steps])
+    if steps and all(s.split is not None for s in steps):
+        arrays[SPLIT_FIELD] = np.array([s.split for s in steps], dtype=np.int64)
     if trace.level == "full":
         arrays["a"] = np.concatenate([s.a for s in steps]) if steps else np.zeros((0, 0), STATE_DTYPE)
+    if trace.combine_weights is not None:
+        arrays["combine_weights"] = trace.combine_weights
     return arrays
 
 
@@ -96,7 +103,8 @@ def trace_from_arrays(arrays: Mapping[str, np.ndarray], path: Path = Path("<trac
     if not isinstance(raw_config, dict):
         raise TraceFileError(f"{path}: config_json must hold an object, got {raw_config!r}")
     level = header["level"]
-    index = {k: _array(arrays, k, "iu", 1, path) for k in (*INDEX_FIELDS, "rows")}
+    index = {k: _array(arrays, k, "iu", 1, path) for k in (*INDEX_FIELDS, "rows", SPLIT_FIELD)
+             if k in arrays or k != SPLIT_FIELD}
     masked = _array(arrays, "masked", "b", 1, path)
     state = {k: _array(arrays, k, "f", 1, path) for k in ("m", "alpha", "l", *OPTIONAL_FIELDS)
              if k in arrays or k not in OPTIONAL_FIELDS}
@@ -126,6 +134,10 @@ def trace_from_arrays(arrays: Mapping[str, np.ndarray], path: Path = Path("<trac
         steps.append(checked_step(
             path, f"steps[{n}]", level, geometry, *(int(index[k][n]) for k in INDEX_FIELDS), bool(masked[n]),
             *(state[k][rows].copy() for k in ("m", "alpha", "l")), None if a is None else a[rows].copy(),
+            int(index[SPLIT_FIELD][n]) if SPLIT_FIELD in index else None,
             **{k: state[k][rows].copy() for k in OPTIONAL_FIELDS if k in state},
         ))
-    return TraceContents(level, tuple(steps), config)
+    weights = None
+    if "combine_weights" in arrays:
+        weights = checked_combine_weights(_array(arrays, "combine_weights", "f", 2, path), path, config)
+    return TraceContents(level, tuple(steps), config, weights)

@@ -25,6 +25,7 @@ FORMAT_NAME = "simflash.trace"
 SCHEMA_VERSION = 1
 STEP_FIELDS = ("head", "i", "j", "row_start", "masked", "m", "alpha", "l", "a")
 INDEX_FIELDS = ("head", "i", "j", "row_start")
+SPLIT_FIELD = "split"  # optional index: the split of a split-KV run's step (see TileStep)
 OPTIONAL_FIELDS = ("m_tile", "l_tile", "beta")  # per-row float32, present or None (see TileStep)
 NON_FINITE = ("-inf", "inf", "nan")  # how JSON files spell the floats strict JSON has no numbers for
 FLOAT32_MAX = float(np.finfo(STATE_DTYPE).max)
@@ -37,7 +38,7 @@ CONFIG_TYPES = {
     "block_q": "positive int or null", "block_kv": "positive int or null", "write_logsumexp": "bool",
     "gpu": "str or null", "sram_bytes": "positive int or null", "schedule": "str", "cache": "str or null",
     "o_accum_dtype": "str", "kv_stages": "positive int", "window": "window", "kv_heads": "positive int or null",
-    "pack_gqa": "bool",
+    "pack_gqa": "bool", "num_splits": "positive int or null", "cache_seqlens": "seqlens or null",
 }
 # What a trace with steps needs in its config to check them: tile indices, row ranges, d.
 GEOMETRY_FIELDS = ("heads", "n_q", "n_kv", "d", "block_q", "block_kv")
@@ -54,6 +55,7 @@ class TraceContents:
     level: str
     steps: tuple[TileStep, ...]
     config: dict[str, Any]
+    combine_weights: np.ndarray | None = None  # a split-KV run's (splits, rows), see simflash.trace.Trace
 
 
 def shown(value: Any, limit: int = 40) -> str:
@@ -120,6 +122,9 @@ def _fits(kind: str, value: Any) -> bool:
     if kind == "window":  # (left, right), each an integer >= -1
         return (isinstance(value, (list, tuple)) and len(value) == 2
                 and all(isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in value))
+    if kind == "seqlens":  # a KV cache length per batch element, each a positive integer
+        return (isinstance(value, (list, tuple)) and len(value) > 0
+                and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in value))
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False
     if kind == "positive int":
@@ -134,6 +139,7 @@ class Geometry:
     heads: int
     d: int
     sched: TileSchedule
+    num_splits: int | None = None  # a split-KV run's splits: its steps name one, its combine weighs them all
 
 
 def check_config(config: Any, path: Path, has_steps: bool) -> tuple[dict[str, Any], Geometry | None]:
@@ -146,8 +152,10 @@ def check_config(config: Any, path: Path, has_steps: bool) -> tuple[dict[str, An
         kind = CONFIG_TYPES.get(name)
         if kind is not None and not _fits(kind, value):
             raise TraceFileError(f"{path}: config.{name} must be a {kind}, got {shown(value)}")
+    # sequences come back from JSON as lists: as tuples, they equal the run's own config again
+    config = {name: tuple(value) if isinstance(value, list) else value for name, value in config.items()}
     if not has_steps:
-        return dict(config), None
+        return config, None
     for name in GEOMETRY_FIELDS:
         if config.get(name) is None:
             raise TraceFileError(f"{path}: config.{name} is missing; a trace with steps needs it to check their "
@@ -159,7 +167,7 @@ def check_config(config: Any, path: Path, has_steps: bool) -> tuple[dict[str, An
     pack = config["heads"] // kv_heads if config.get("pack_gqa") else 1
     # the bounds do not change which indices and rows a step may have; the packing does
     sched = TileSchedule(config["n_q"], config["n_kv"], config["block_q"], config["block_kv"], pack=pack)
-    return dict(config), Geometry(kv_heads if pack > 1 else config["heads"], config["d"], sched)
+    return config, Geometry(kv_heads if pack > 1 else config["heads"], config["d"], sched, config.get("num_splits"))
 
 
 def floats(values: Any, where: str, path: Path) -> np.ndarray:
@@ -183,7 +191,7 @@ def floats(values: Any, where: str, path: Path) -> np.ndarray:
 
 def checked_step(path: Path, where: str, level: str, geometry: Geometry | None, head: int, i: int, j: int,
                  row_start: int, masked: bool, m: np.ndarray, alpha: np.ndarray, l: np.ndarray,  # noqa: E741
-                 a: np.ndarray | None, **optional: np.ndarray) -> TileStep:
+                 a: np.ndarray | None, split: int | None = None, **optional: np.ndarray) -> TileStep:
     """A TileStep whose arrays agree with each other, with the trace level and with the config's tiling."""
     if level == "none":
         raise TraceFileError(f"{path}: a trace of level 'none' holds no steps, found {where}")
@@ -201,9 +209,31 @@ def checked_step(path: Path, where: str, level: str, geometry: Geometry | None, 
     for k, values in optional.items():
         if values.shape != m.shape:
             raise TraceFileError(f"{path}: {where}: {k} must hold {m.size} rows like m, got {values.size}")
+    if split is not None and split < 0:
+        raise TraceFileError(f"{path}: {where}.{SPLIT_FIELD} must be a non-negative integer, got {split}")
     if geometry is not None:
         _check_against_config(path, where, geometry, head, i, j, row_start, m.size, a)
-    return TileStep(head=head, i=i, j=j, row_start=row_start, masked=masked, m=m, alpha=alpha, l=l, a=a, **optional)
+        if split is not None and split >= (geometry.num_splits or 1):
+            raise TraceFileError(f"{path}: {where}.{SPLIT_FIELD} = {split} is outside the config's num_splits = "
+                                 f"{geometry.num_splits}")
+    return TileStep(head=head, i=i, j=j, row_start=row_start, masked=masked, m=m, alpha=alpha, l=l, a=a, split=split,
+                    **optional)
+
+
+def checked_combine_weights(weights: np.ndarray, path: Path, config: dict[str, Any]) -> np.ndarray:
+    """A split-KV run's combine weights: float32 (num_splits, rows) with the config's num_splits and rows
+    (heads x n_q, the rows of every query head), each weight in [0, 1]."""
+    splits = config.get("num_splits")
+    if not splits or config.get("heads") is None or config.get("n_q") is None:
+        raise TraceFileError(f"{path}: combine_weights needs config.num_splits, config.heads and config.n_q to "
+                             f"check its shape")
+    shape = (splits, config["heads"] * config["n_q"])
+    if weights.shape != shape:
+        raise TraceFileError(f"{path}: combine_weights must have shape (num_splits, heads x n_q) = {shape}, "
+                             f"got {weights.shape}")
+    if not (np.isfinite(weights).all() and (weights >= 0).all() and (weights <= 1).all()):
+        raise TraceFileError(f"{path}: combine_weights must hold weights exp(LSE_s - LSE) in [0, 1]")
+    return weights.astype(STATE_DTYPE)
 
 
 def _check_against_config(path: Path, where: str, g: Geometry, head: int, i: int, j: int, row_start: int,

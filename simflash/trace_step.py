@@ -6,10 +6,13 @@ TileSteps without importing simflash.trace, whose Trace.save and Trace.load use 
 
 from __future__ import annotations
 
+from typing import Literal
+
 import attrs
 import numpy as np
 
 TRACE_LEVELS = ("none", "stats", "full")  # stats: m, alpha, l; full: plus the accumulator a
+TraceLevel = Literal["none", "stats", "full"]
 
 
 @attrs.frozen(eq=False)
@@ -23,6 +26,9 @@ class TileStep:
     Algorithms that keep tile-local statistics (FA-1's Algorithm 1) also record them: m_tile
     (m~_ij = rowmax(S_ij)), l_tile (l~_ij = rowsum(exp(S_ij - m~_ij))) and beta (exp(m~_ij - m_new),
     the factor that moves the tile onto the new max). The others leave them None.
+
+    Split-KV kernels (Flash-Decoding) name the split whose run of KV tiles the step belongs to
+    (`split`); the others leave it None.
     """
 
     head: int
@@ -37,6 +43,7 @@ class TileStep:
     m_tile: np.ndarray | None = None
     l_tile: np.ndarray | None = None
     beta: np.ndarray | None = None
+    split: int | None = None
 
     @property
     def rows(self) -> range:

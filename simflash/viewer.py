@@ -35,18 +35,26 @@ PLACEHOLDER = "/*SIMFLASH_DATA*/"
 
 
 def _run_config(source) -> Any:
-    """The RunConfig of a Run, or rebuilt from a Trace's recorded configuration."""
+    """The RunConfig of a Run, or rebuilt from a Trace's recorded configuration: one the viewer replays
+    (naive or a registered tiled algorithm)."""
+    from simflash.algorithms import FLASH_ALGORITHMS
     from simflash.api import Run, RunConfig  # api imports trace; keep this module importable from both
 
     if isinstance(source, Run):
-        return source.config
-    if not isinstance(source, Trace):
+        config = source.config
+    elif not isinstance(source, Trace):
         raise TypeError(f"expected a simflash Run or Trace, got {type(source).__name__}")
-    if not source.config:
+    elif not source.config:
         raise ValueError("the trace records no run configuration, so there is nothing to replay: "
                          "save it from a run (run.trace.save or `simflash export`)")
-    known = {field.name for field in attrs.fields(RunConfig)}
-    return RunConfig(**{k: v for k, v in source.config.items() if k in known})
+    else:
+        known = {field.name for field in attrs.fields(RunConfig)}
+        config = RunConfig(**{k: v for k, v in source.config.items() if k in known})
+    viewable = ("naive", *FLASH_ALGORITHMS)
+    if config.algorithm not in viewable:
+        raise ValueError(f"the viewer steps through {', '.join(viewable)} runs, not {config.algorithm!r}: its "
+                         "steps are in the trace itself (simflash.Trace.load)")
+    return config
 
 
 def position_count(config) -> int:
@@ -79,7 +87,8 @@ def _replay(config) -> tuple[list[tuple[int, int, int, bool]], list[dict[str, li
     rng = np.random.default_rng(0)
     q, kv = rng.standard_normal((heads, n_q, d)), rng.standard_normal((kv_heads, n_kv, d))
     if config.algorithm == "naive":
-        run = api.naive_attention(q, kv, kv, config.causal, config.causal_variant, config.scale, config.dtype,
+        run = api.naive_attention(q, kv, kv, causal=config.causal, causal_variant=config.causal_variant,
+                                  scale=config.scale, dtype=config.dtype,
                                   schedule=config.schedule, cache=config.cache, gpu=config.gpu, window=config.window)
         return [], [_ledger(run.traffic, run.physical)]
     setup = api._flash_setup(

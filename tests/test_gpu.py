@@ -1,7 +1,9 @@
 """The GPU kernels on a real GPU, fresh random inputs each run: output vs float64 reference (and
 FlashAttention's 2x-naive rule), counted bytes vs the simulator and the closed form, m/l trace vs
-the simulator, the naive three-kernel path; the backward's gradients vs float64 (the same rule, and
-SDPA flash's), its counted bytes vs the ledger. Skipped where CuPy or an NVIDIA GPU is missing."""
+the simulator, the naive three-kernel path; grouped-query heads and windows (and the logsumexp L the
+forward writes for the backward); the Flash-Decoding kernels against the reference, the simulator and
+its closed form; the backward's gradients vs float64 (the same rule, and SDPA flash's), its counted
+bytes vs the ledger. Skipped where CuPy or an NVIDIA GPU is missing."""
 
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ import pytest
 import simflash as sf
 from simflash.backends import flash2, naive
 from simflash.backends.flash2_backward import flash_attention_backward
-from simflash.backends.kernels import gpu_available
+from simflash.backends.kernels import DECODE_BLOCK_KV, gpu_available
+from simflash.backends.validate import equal_bytes
 from simflash.backends.validate_backward import (
     BackwardConfig,
     defined_traffic,
@@ -21,7 +24,8 @@ from simflash.backends.validate_backward import (
     reference_backward,
     sdpa_gradients,
 )
-from simflash.numerics import max_abs_error, reference_attention, relative_error, upcast, within_tolerance
+from simflash.config import STORAGE_DTYPES as STORAGE
+from simflash.numerics import fa_rule, max_abs_error, reference_attention, relative_error, upcast, within_tolerance
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu_available(), reason="needs CuPy and an NVIDIA GPU")]
 
@@ -46,12 +50,14 @@ def _inputs(rng, heads, n_q, n_kv, d):
             rng.standard_normal((heads, n_kv, d), dtype=np.float32))
 
 
+@pytest.mark.parametrize("version", list(flash2.VERSIONS))
 @pytest.mark.parametrize(("n_q", "n_kv", "d", "causal", "variant", "dtype", "block_q", "block_kv"), CASES)
-def test_fa2_kernel_matches_reference_simulator_and_model(rng, n_q, n_kv, d, causal, variant, dtype, block_q, block_kv):
+def test_fa2_kernel_matches_reference_simulator_and_model(rng, n_q, n_kv, d, causal, variant, dtype, block_q, block_kv,
+                                                          version):
     q, k, v = _inputs(rng, 2, n_q, n_kv, d)
     common = dict(causal=causal, causal_variant=variant, dtype=dtype)
     tile = sf.TileSchedule(n_q, n_kv, block_q, block_kv).n_q_tiles - 1
-    run = flash2.flash_attention(q, k, v, block_q, block_kv, **common, trace_head=1, trace_tile=tile)
+    run = flash2.flash_attention(q, k, v, block_q, block_kv, **common, trace_head=1, trace_tile=tile, version=version)
     sim = sf.flash_attention(q, k, v, block_q, block_kv, **common, trace_heads=[1], trace_tiles=[tile])
     ref = reference_attention(q, k, v, causal, variant, dtype=dtype)
 
@@ -67,10 +73,12 @@ def test_fa2_kernel_matches_reference_simulator_and_model(rng, n_q, n_kv, d, cau
         np.testing.assert_allclose(mine.l, theirs.l, rtol=1e-3)
 
 
-def test_timed_build_writes_the_same_bits_and_counts_nothing(rng):
+@pytest.mark.parametrize("version", list(flash2.VERSIONS))
+def test_timed_build_writes_the_same_bits_and_counts_nothing(rng, version):
     q, k, v = _inputs(rng, 3, 257, 190, 64)
-    counted = flash2.flash_attention(q, k, v, causal=True, causal_variant="lower_right")
-    timed = flash2.flash_attention(q, k, v, causal=True, causal_variant="lower_right", instrumented=False)
+    counted = flash2.flash_attention(q, k, v, causal=True, causal_variant="lower_right", version=version)
+    timed = flash2.flash_attention(q, k, v, causal=True, causal_variant="lower_right", instrumented=False,
+                                   version=version)
     assert np.array_equal(counted.out.view(np.uint16), timed.out.view(np.uint16))
     assert timed.traffic is None and counted.traffic.total_bytes > 0
 
@@ -166,3 +174,61 @@ def test_backward_kernels_agree_with_sdpa_flash_backward(rng, causal, dtype):
         bound = 2 * max_abs_error(slow, exact) + atol
         # ours within the rule, and SDPA's within twice its slack of ours
         assert max_abs_error(mine, exact) <= bound and max_abs_error(mine, theirs) <= 2 * bound
+
+
+@pytest.mark.parametrize(("kv_heads", "pack_gqa", "window", "causal", "variant", "dtype"),
+                         [(2, False, (256, 0), False, "upper_left", "float16"),
+                          (2, True, (128, 128), False, "lower_right", "bfloat16"),
+                          (1, True, (-1, -1), True, "lower_right", "float16"),
+                          (8, False, (-1, 0), False, "upper_left", "bfloat16")])
+def test_fa2_kernel_takes_grouped_query_heads_and_windows(rng, kv_heads, pack_gqa, window, causal, variant, dtype):
+    q = rng.standard_normal((2, 8, 300, 64), dtype=np.float32)
+    k, v = (rng.standard_normal((2, kv_heads, 700, 64), dtype=np.float32) for _ in range(2))
+    common = dict(causal=causal, causal_variant=variant, dtype=dtype, window=window, pack_gqa=pack_gqa)
+    run = flash2.flash_attention(q, k, v, **common)
+    sim = sf.flash_attention(q, k, v, **common, trace="none")
+    naive_out = sf.naive_attention(q, k, v, causal=causal, causal_variant=variant, dtype=dtype, window=window).out
+    ref = reference_attention(q, k, v, causal, variant, dtype=dtype, window=window)
+    assert fa_rule(run.out, naive_out, ref, v.astype(STORAGE[dtype]))
+    assert run.traffic == sim.traffic == sf.model.flash_traffic(
+        300, 64, causal=causal, n_kv=700, heads=16, causal_variant=variant, window=window, kv_heads=2 * kv_heads,
+        pack_gqa=pack_gqa, dtype=dtype)
+
+
+@pytest.mark.parametrize(("batch", "kv_heads", "n_q", "num_splits", "pack_gqa", "cache_seqlens", "causal", "window", "d"),
+                         [(1, 2, 1, None, True, None, False, (-1, -1), 128),
+                          (2, 8, 1, 32, True, (4096, 100), False, (-1, -1), 128),
+                          (3, 1, 4, 5, True, (1, 1500, 4096), True, (256, 0), 64),
+                          (2, 4, 8, 1, False, (8, 4096), True, (-1, -1), 128)])
+def test_flash_decoding_kernels_match_reference_simulator_and_model(rng, batch, kv_heads, n_q, num_splits, pack_gqa,
+                                                                    cache_seqlens, causal, window, d):
+    from simflash.backends.flash_decoding import flash_decoding, split_schedule
+
+    q = rng.standard_normal((batch, 8, n_q, d), dtype=np.float32)
+    k, v = (rng.standard_normal((batch, kv_heads, 4096, d), dtype=np.float32) for _ in range(2))
+    splits = split_schedule(batch, 8 * batch, kv_heads * batch, n_q, 4096, d, num_splits, None, pack_gqa).num_splits
+    common = dict(pack_gqa=pack_gqa, cache_seqlens=cache_seqlens, causal=causal, window=window)
+    run = flash_decoding(q, k, v, splits, **common)
+    timed = flash_decoding(q, k, v, splits, **common, instrumented=False)
+    sim = sf.flash_decoding(q, k, v, splits, DECODE_BLOCK_KV[d][0], **common)
+    seqlens = cache_seqlens or (4096,) * batch
+    masks = dict(causal=causal, causal_variant="lower_right", window=window)
+    ref = np.stack([reference_attention(q[b], k[b, :, :n], v[b, :, :n], **masks) for b, n in enumerate(seqlens)])
+    naive_out = np.stack([sf.naive_attention(q[b], k[b, :, :n], v[b, :, :n], **masks).out for b, n in enumerate(seqlens)])
+    assert fa_rule(run.out, naive_out, ref, v.astype(np.float16))
+    assert np.array_equal(run.out.view(np.uint16), timed.out.view(np.uint16))
+    assert equal_bytes(run.traffic, sim.traffic)
+    assert equal_bytes(run.traffic, sf.model.flash_decoding_traffic(
+        4096, d, batch=batch, heads=8, kv_heads=kv_heads, n_q=n_q, num_splits=splits, block_kv=DECODE_BLOCK_KV[d][0],
+        pack_gqa=pack_gqa, cache_seqlens=cache_seqlens, causal=causal, window=window))
+
+
+def test_logsumexp_follows_o_s_rows_with_packed_grouped_query_heads(rng):
+    q = rng.standard_normal((2, 8, 300, 64), dtype=np.float32)
+    k, v = (rng.standard_normal((2, 2, 700, 64), dtype=np.float32) for _ in range(2))
+    common = dict(causal=True, causal_variant="lower_right", window=(128, 0), pack_gqa=True)
+    run = flash2.flash_attention(q, k, v, **common, write_logsumexp=True)
+    sim = sf.flash_attention(q, k, v, **common, write_logsumexp=True, trace="none")
+    assert run.logsumexp.shape == q.shape[:-1]
+    np.testing.assert_allclose(run.logsumexp, sim.logsumexp, rtol=1e-4)
+    assert run.traffic == sim.traffic  # ("flash2_forward", "L"): n_q x 4 bytes per query head

@@ -20,26 +20,33 @@ from simflash.backends.kernels import (
     BACKWARD_HEAD_DIMS,
     BLOCK_KV,
     BLOCK_Q,
+    DECODE_BLOCK_KV,
+    DECODE_SLICES,
     HEAD_DIMS,
     STORAGE_TYPES,
+    DecodeCombineKernel,
+    DecodeSplitKernel,
     Flash2BackwardKernels,
     Flash2Kernel,
     SoftmaxKernel,
+    decode_slices,
     kernel_source,
 )
 
 
-KERNEL_SOURCES = (("flash2_forward.cu", "flash2_forward"), ("naive_softmax.cu", "naive_softmax"),
-                  ("flash2_backward_preprocess.cu", "flash2_backward_preprocess"),
-                  ("flash2_backward.cu", "flash2_backward"), ("flash2_backward_convert.cu", "flash2_backward_convert"))
+KERNEL_FILES = (("flash2_forward.cu", "flash2_forward"), ("naive_softmax.cu", "naive_softmax"),
+                ("flash_decoding_split.cu", "flash_decoding_split"), ("flash_decoding_combine.cu", "flash_decoding_combine"),
+                ("flash2_backward_preprocess.cu", "flash2_backward_preprocess"),
+                ("flash2_backward.cu", "flash2_backward"), ("flash2_backward_convert.cu", "flash2_backward_convert"))
 
 
-@pytest.mark.parametrize(("name", "kernel"), KERNEL_SOURCES)
-def test_sources_ship_as_package_data_with_includes_inlined(name, kernel):
+@pytest.mark.parametrize(("name", "kernel"), KERNEL_FILES)
+def test_sources_ship_as_package_data_with_includes_inlined_once(name, kernel):
     text = kernel_source(name)
     assert "__global__ void __launch_bounds__" in text and f" {kernel}(" in text
     assert '#include "' not in text  # NVRTC sees one string
     assert "mma.sync.aligned.m16n8k16" in text  # ptx.cuh came along
+    assert text.count("struct Storage<FLOAT16>") == 1  # once, though flash2_tile.cuh includes it too
 
 
 def test_name_expressions_and_shared_memory_follow_the_configuration():
@@ -55,6 +62,18 @@ def test_name_expressions_and_shared_memory_follow_the_configuration():
     # K_j, V_j; Q_i, dO_i double-buffered; P_ij, dS_ij: 2 bytes a value
     assert backward.shared_bytes == (2 * 128 * 64 + 4 * 64 * 64 + 2 * 64 * 128) * 2
     assert Flash2BackwardKernels(d=128).shared_bytes == 160 * 1024  # fits the H200's 227 KiB; B_r = 128 would not
+    split = DecodeSplitKernel("bfloat16", 64, 256, 2, instrumented=True)
+    assert split.name_expression == "flash_decoding_split<1, 256, 64, 2, true>"  # FA-2's 256-row KV tiles at d = 64
+    assert split.shared_bytes == (64 + 3 * 2 * 256) * 64 * 2  # Q_i, then 3 stages of K_j and V_j
+    # the default tiles: Q_i and the stages fit twice in an H200 SM (228 KiB, 1 KiB reserved per CTA)
+    assert all(2 * (DecodeSplitKernel(d=d, block_kv=tiles[0]).shared_bytes + 1024) <= 228 * 1024
+               for d, tiles in DECODE_BLOCK_KV.items())
+    assert DecodeCombineKernel("float16", 128).name_expression == "flash_decoding_combine<0, 128, false>"
+    assert DecodeCombineKernel.shared_bytes(7) == 7 * 4  # a weight per split
+
+
+def test_a_decode_tile_s_warps_share_its_row_groups():
+    assert [decode_slices(rows) for rows in (1, 4, 16, 17, 32, 33, 64)] == [4, 4, 4, 2, 2, 1, 1]
 
 
 @pytest.mark.parametrize(
@@ -123,6 +142,16 @@ def test_the_supported_set_is_what_the_docs_promise():
     assert 128 in BLOCK_Q and 64 in BLOCK_KV  # the simulator's default tiles are built
     assert BACKWARD_HEAD_DIMS == (64, 128) and BACKWARD_BLOCK_Q == (64, 128) and BACKWARD_BLOCK_KV == (128,)
     assert Flash2BackwardKernels().block_q == 64 and Flash2BackwardKernels().block_kv == 128  # the API's default
+    assert DECODE_BLOCK_KV == {64: (128, 256), 128: (64, 128)} and DECODE_SLICES == (1, 2, 4)
+
+
+@pytest.mark.parametrize(("kernel", "change", "argument"),
+                         [(DecodeSplitKernel, dict(d=256), "d"), (DecodeSplitKernel, dict(slices=3), "slices"),
+                          (DecodeSplitKernel, dict(d=64, block_kv=64), "block_kv"),
+                          (DecodeCombineKernel, dict(dtype="float32"), "dtype")])
+def test_decode_configurations_not_built_are_refused_naming_the_argument(kernel, change, argument):
+    with pytest.raises(ValueError, match=rf"^{argument} must be one of .* for the GPU kernel"):
+        kernel(**change)
 
 
 INSTANTIATIONS = [
@@ -133,8 +162,15 @@ INSTANTIATIONS = [
 # KV tiles spill.
 # B_c = 128 at d = 128 holds 64 fp32 scores per thread besides the 64 of a_i: ptxas spills there
 # (40 to 140 bytes); the validation records every kernel's local memory.
-SIGNATURE = ("(const storage_t*, const storage_t*, const storage_t*, storage_t*, int, int, float, int, int, "
-             "u64*, int, int, float*, float*, float*)")
+SIGNATURE = ("(const storage_t*, const storage_t*, const storage_t*, storage_t*, int, int, float, int, int, int, int, "
+             "int, u64*, int, int, float*, float*, float*)")
+SPLIT_SIGNATURE = ("(const storage_t*, const storage_t*, const storage_t*, storage_t*, float*, float*, const int*, int, "
+                   "int, float, int, int, int, int, int, int, u64*)")
+SPLITS = [DecodeSplitKernel(dtype, d, block_kv, slices, instrumented) for dtype in STORAGE_TYPES
+          for d, tiles in DECODE_BLOCK_KV.items() for block_kv in tiles for slices in DECODE_SLICES
+          for instrumented in (False, True)]
+COMBINES = [DecodeCombineKernel(dtype, d, instrumented) for dtype in STORAGE_TYPES for d in DECODE_BLOCK_KV
+            for instrumented in (False, True)]
 # The backward's: every instantiation validated or timed, both builds. B_r = 128 at d = 128 needs 256 KiB of
 # shared memory and is refused at launch, so it is not built here.
 BACKWARD_INSTANTIATIONS = [
@@ -160,6 +196,9 @@ def _backward_units(source: str) -> list[str]:
     [("flash2_forward.cu", [f"template __global__ void {k.name_expression}{SIGNATURE};" for k in INSTANTIATIONS]),
      ("naive_softmax.cu", [f"template __global__ void naive_softmax<{dt}, {b}>(const storage_t*, storage_t*, int, "
                            f"int, int, int, u64*);" for dt in (0, 1) for b in ("false", "true")]),
+     ("flash_decoding_split.cu", [f"template __global__ void {k.name_expression}{SPLIT_SIGNATURE};" for k in SPLITS]),
+     ("flash_decoding_combine.cu", [f"template __global__ void {k.name_expression}(const float*, const float*, "
+                                    f"storage_t*, int, int, u64*);" for k in COMBINES]),
      *((source, _backward_units(source))
        for source in ("flash2_backward_preprocess.cu", "flash2_backward.cu", "flash2_backward_convert.cu"))],
 )
@@ -260,3 +299,9 @@ def test_docs_tables_are_refilled_in_place_and_unknown_ones_refused():
     assert update_page(once, tables) == once
     with pytest.raises(ValueError, match=r"\['c'\]"):
         update_page("<!-- gpu-table: c -->\n<!-- /gpu-table -->\n", tables)
+
+
+def test_version_2_writes_no_logsumexp_and_says_so():
+    q = np.ones((1, 8, 64), dtype=np.float32)
+    with pytest.raises(ValueError, match="v2 writes no logsumexp"):
+        flash2.flash_attention(q, q, q, version="v2", write_logsumexp=True)

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import simflash as sf
-from simflash.backends import report, validate
+from simflash.backends import report, validate, validate_decode
+from simflash.backends.kernels import DECODE_BLOCK_KV
 from simflash.memory import Flow, Traffic
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,8 +53,8 @@ def test_counted_bytes_equal_a_fresh_simulation_for_the_small_configurations(val
         c = record["config"]
         q = rng.standard_normal((c["heads"], c["n_q"], c["d"]))
         k, v = (rng.standard_normal((c["heads"], c["n_kv"], c["d"])) for _ in range(2))
-        sim = sf.flash_attention(q, k, v, c["block_q"], c["block_kv"], c["causal"], c["causal_variant"],
-                                 dtype=c["dtype"], trace="none")
+        sim = sf.flash_attention(q, k, v, c["block_q"], c["block_kv"], causal=c["causal"],
+                                 causal_variant=c["causal_variant"], dtype=c["dtype"], trace="none")
         assert _traffic(record["traffic"]["instrumented"]) == sim.traffic, c
 
 
@@ -166,3 +167,82 @@ def test_the_validation_covers_d_256(validation):
     assert {c["dtype"] for c in configs} == {"float16", "bfloat16"} and any(c["causal"] for c in configs)
     assert all(r["ok"] for r in validation["records"] if r["config"]["d"] == 256)
     assert any(r["case"].startswith("d=256") and r["refused"] for r in validation["refusals"])
+
+
+def test_grouped_query_and_window_records_pass_and_equal_the_closed_form_recomputed_now():
+    result = _load("validate_gqa.json")
+    assert result["device"]["name"] == "NVIDIA H200" and result["all_ok"]
+    seen = set()
+    for record in result["records"]:
+        c = record["config"]
+        assert validate.passed(record) and record["error"]["fa_rule"]["passed"]
+        model = sf.model.flash_traffic(c["n_q"], c["d"], c["block_q"], c["block_kv"], c["dtype"], c["causal"],
+                                       n_kv=c["n_kv"], heads=c["batch"] * c["heads"], causal_variant=c["causal_variant"],
+                                       window=tuple(c["window"]), kv_heads=c["batch"] * c["kv_heads"],
+                                       pack_gqa=c["pack_gqa"])
+        assert _traffic(record["traffic"]["instrumented"]) == model, c
+        seen.add((c["heads"] // c["kv_heads"], c["pack_gqa"], tuple(c["window"]), c["d"], c["dtype"], c["n_q"] < c["n_kv"]))
+    assert {group for group, *_ in seen} == {1, 4, 8} and {(g, pack) for g, pack, *_ in seen} >= {(4, True), (8, True)}
+    assert {window for _, _, window, *_ in seen} >= {(256, 0), (128, 128), (-1, 0), (-1, -1)}
+    assert {(d, dtype) for *_, d, dtype, _ in seen} == {(d, t) for d in (64, 128) for t in ("float16", "bfloat16")}
+    assert {shorter for *_, shorter in seen} == {True, False}
+
+
+def test_flash_decoding_records_pass_and_equal_the_closed_form_recomputed_now():
+    result = _load("validate_decode.json")
+    assert result["device"]["name"] == "NVIDIA H200" and result["all_ok"]
+    for record in result["decode"]:
+        c = record["config"]
+        assert validate_decode.passed(record) and record["sdpa"]["within_bound"]
+        model = sf.model.flash_decoding_traffic(
+            c["n_kv"], c["d"], batch=c["batch"], heads=c["heads"], kv_heads=c["kv_heads"], n_q=c["n_q"],
+            num_splits=record["num_splits"], block_kv=record["block_kv"], pack_gqa=c["pack_gqa"],
+            cache_seqlens=c["cache_seqlens"], causal=c["causal"], window=tuple(c["window"]), dtype=c["dtype"])
+        assert validate.equal_bytes(_traffic(record["traffic"]["instrumented"]), model), c
+    configs = [(r["config"], r) for r in result["decode"]]
+    assert {c["heads"] // c["kv_heads"] for c, _ in configs} == {1, 2, 4, 8} and {c["pack_gqa"] for c, _ in configs} == {True, False}
+    assert {r["num_splits"] == 1 for _, r in configs} == {True, False} and any(c["num_splits"] is None for c, _ in configs)
+    assert any(c["cache_seqlens"] for c, _ in configs) and any(c["causal"] for c, _ in configs)
+    assert any(list(c["window"]) != [-1, -1] for c, _ in configs)
+    assert {(c["d"], r["block_kv"]) for c, r in configs} == {(64, 128), (64, 256), (128, 64), (128, 128)}
+    assert {c["dtype"] for c, _ in configs} == {"float16", "bfloat16"}
+
+
+def test_decode_bench_spans_the_grid_and_flash_decoding_streams_the_cache_where_fa2_cannot():
+    result = _load("decode_bench.json")
+    peak = sf.GPUS["H200"].hbm_bytes_per_s
+    assert result["hbm_peak_bytes_per_s"] == peak
+    grid = {(r["config"]["batch"] * r["config"]["kv_heads"], r["config"]["n_kv"]) for r in result["rows"]}
+    assert grid == {(bk, n) for bk in (1, 8, 32, 128, 256) for n in (1024, 4096, 16384, 32768, 65536, 131072)}
+    for row in result["rows"]:
+        c = row["config"]
+        assert row["kv_bytes"] == 2 * c["batch"] * c["kv_heads"] * c["n_kv"] * c["d"] * 2
+        for timing in (row["fa2_packed"], row["fa2_unpacked"], row["flash_decoding"], row["sdpa"],
+                       *row.get("flash_decoding_sweep", [])):
+            assert timing["GBps"] == pytest.approx(row["kv_bytes"] / (timing["ms"] * 1e-3) / 1e9, rel=1e-9)
+            assert timing["pct_hbm_peak"] == pytest.approx(timing["GBps"] * 1e9 / peak * 100, rel=1e-9)
+            assert timing["min_ms"] <= timing["ms"] <= timing["max_ms"]
+        assert max(row["max_abs_vs_sdpa"].values()) < 1e-3
+    batch1 = {r["config"]["n_kv"]: r for r in result["rows"] if r["config"]["batch"] * r["config"]["kv_heads"] == 8}
+    for n in (65536, 131072):
+        assert batch1[n]["flash_decoding"]["pct_hbm_peak"] >= 70
+    for n in (32768, 65536, 131072):
+        assert batch1[n]["fa2_packed"]["pct_hbm_peak"] < 10 and batch1[n]["fa2_unpacked"]["pct_hbm_peak"] < 10
+        assert max(t["pct_hbm_peak"] for t in batch1[n]["flash_decoding_sweep"]) >= 65
+
+
+def test_decode_profile_reads_the_cache_from_dram_once_and_counts_the_closed_form():
+    profile = _load("decode_bench.json")["profile"]
+    assert profile["ncu_command"].startswith("ncu --clock-control none --cache-control all")
+    for entry in profile["configs"]:
+        c = entry["config"]
+        model = sf.model.flash_decoding_traffic(c["n_kv"], c["d"], batch=c["batch"], heads=c["heads"],
+                                                kv_heads=c["kv_heads"], num_splits=entry["num_splits"],
+                                                block_kv=DECODE_BLOCK_KV[c["d"]][0])
+        assert _traffic(entry["instrumented"]) == model
+        split, combine = entry["ncu"]
+        assert "flash_decoding_split" in split["kernel"] and "flash_decoding_combine" in combine["kernel"]
+        # K and V come from DRAM once; the rest (Q, the partials) is a fraction of a percent
+        kv = model.by_tensor["K"].read_bytes + model.by_tensor["V"].read_bytes
+        assert kv <= split["dram__bytes_read.sum"] <= 1.01 * kv
+        assert combine["dram__bytes_read.sum"] <= 1.1 * model.by_kernel["flash_decoding_combine"].read_bytes

@@ -26,7 +26,7 @@ def test_lesson_exercise_4_query_tile_5():
 
 def test_removing_the_mask_changes_the_answer():
     """Keep the skip bound but drop the mask: the upper rows of a query tile attend to the future."""
-    from simflash.commands.teach import NoMaskSchedule, run_algorithm
+    from simflash.verify import NoMaskSchedule, run_algorithm
 
     rng = np.random.default_rng(4)
     q, k, v = (rng.standard_normal((16, 8)).astype(np.float32) for _ in range(3))

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 import simflash as sf
 from simflash.algorithms import FLASH_ALGORITHMS
 from simflash.algorithms.flash2 import flash2_cta
+from simflash import verify, walkthrough
 from simflash.commands import guard_app, teach
 
 
@@ -160,8 +161,30 @@ def test_trace_random_table_matches_the_simulator_trace(invoke):
     assert [r[4] for r in rows] == [f"{s.l[2]:.4f}" for s in steps]
 
 
+def test_trace_json_gives_the_simulator_state_exactly(invoke):
+    """--json: the same walk as data, float32 state as the trace holds it, -inf written as a string."""
+    result = invoke("trace", "--n", "8", "--n-kv", "6", "--d", "2", "--block-q", "4", "--block-kv", "2",
+                    "--rows", "0,6", "--causal", "--causal-variant", "lower_right", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    rng = np.random.default_rng(0)
+    q, k, v = rng.standard_normal((8, 2)), rng.standard_normal((6, 2)), rng.standard_normal((6, 2))
+    run = sf.flash_attention(q, k, v, 4, 2, causal=True, causal_variant="lower_right", trace="full")
+    for row in data["rows"]:
+        i, local = row["row"] // 4, row["row"] % 4
+        steps = run.trace.of_tile(i)
+        assert [t["j"] for t in row["tiles"]] == [s.j for s in steps]
+        assert [t["m"] for t in row["tiles"]] == [str(float(s.m[local])) if np.isinf(s.m[local]) else float(s.m[local])
+                                                  for s in steps]
+        assert [t["accumulator"] for t in row["tiles"]] == [s.a[local].tolist() for s in steps]
+        assert row["stored_output"] == run.out[row["row"]].astype(float).tolist()
+    assert {t["m"] for t in data["rows"][0]["tiles"]} == {"-inf"}  # row 0 sees no key (c <= 0 + 6 - 8)
+    example = json.loads(invoke("trace", "--json").output)
+    assert [t["m"] for t in example["tiles"]] == [8.0, 10.0] and example["max_abs_error"] < 1e-6
+
+
 def test_every_variant_has_a_trace_view():
-    assert set(teach.TRACE_VIEWS) == set(FLASH_ALGORITHMS)
+    assert set(walkthrough.TRACE_VIEWS) == set(FLASH_ALGORITHMS)
 
 
 def test_verify_passes_and_covers_every_variant_and_exercise_4(invoke):
@@ -177,17 +200,17 @@ def test_verify_passes_and_covers_every_variant_and_exercise_4(invoke):
 
 def test_verify_checks_fail_for_an_algorithm_that_ignores_the_mask(monkeypatch):
     def ignores_mask(gpu, sched, scale, trace, cta, write_logsumexp=False, kv_stages=2):
-        unmasked = teach.NoMaskSchedule(sched.n_q, sched.n_kv, sched.block_q, sched.block_kv,
+        unmasked = verify.NoMaskSchedule(sched.n_q, sched.n_kv, sched.block_q, sched.block_kv,
                                         causal=sched.causal, causal_variant=sched.causal_variant)
         return flash2_cta(gpu, unmasked, scale, trace, cta, write_logsumexp, kv_stages)
 
     monkeypatch.setitem(FLASH_ALGORITHMS, "broken", attrs.evolve(FLASH_ALGORITHMS["fa2"], cta=ignores_mask))
-    failed = [c for c in teach.causal_checks() if not c.passed]
+    failed = [c for c in verify.causal_checks() if not c.passed]
     assert failed and all(c.name.startswith("broken causal") for c in failed)
 
 
 def test_verify_exits_non_zero_on_failure(invoke, monkeypatch):
-    monkeypatch.setattr(teach, "exercise4_checks", lambda: [teach.Check("a check", False, "it failed")])
+    monkeypatch.setattr(teach, "exercise4_checks", lambda: [verify.Check("a check", False, "it failed")])
     result = invoke("verify")
     assert result.exit_code == 1
     assert "FAIL  a check" in result.output
@@ -195,7 +218,7 @@ def test_verify_exits_non_zero_on_failure(invoke, monkeypatch):
 
 def test_no_mask_schedule_keeps_the_skip_bound_and_permits_everything():
     masked = sf.TileSchedule(16, 16, 4, 2, causal=True)
-    unmasked = teach.NoMaskSchedule(16, 16, 4, 2, causal=True)
+    unmasked = verify.NoMaskSchedule(16, 16, 4, 2, causal=True)
     for i in range(4):
         assert unmasked.kv_tiles(i) == masked.kv_tiles(i)
         for j in masked.kv_tiles(i):

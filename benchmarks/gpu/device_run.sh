@@ -52,7 +52,7 @@ fi
 step info
 sf gpu info 2>&1 | tee -a "$log"
 step validate quick
-if ! sf gpu validate --quick 2>&1 | tee -a "$log"; then
+if ! sf gpu validate --suite fa2 --quick 2>&1 | tee -a "$log"; then
   step diagnose
   python3 benchmarks/gpu/diagnose.py 2>&1 | tee -a "$log"
   exit 1
@@ -62,7 +62,7 @@ if [ "$mode" = full ]; then
   step pytest gpu
   python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/test_gpu_backend.py 2>&1 | tail -15 | tee -a "$log"
   step validate full
-  sf gpu validate --save "$out/validate.json" >>"$log" 2>&1
+  sf gpu validate --suite fa2 --save "$out/validate.json" >>"$log" 2>&1
   echo "validate exit $?" | tee -a "$log"
 fi
 step sanitize

@@ -13,14 +13,14 @@ its query head's group (or, packed, of the group whose rows its tile holds).
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Generator, Iterable, Iterator
 
 import numpy as np
 
 from simflash.algorithms.online_softmax import exp_minus, masked_scores
 from simflash.config import STATE_DTYPE
 from simflash.grid import CTA, Access, CTAProgram, block_key, kv_head
-from simflash.memory import SimulatedGPU
+from simflash.memory import SRAM, SimulatedGPU
 from simflash.onchip import DEFAULT_KV_STAGES
 from simflash.schedule import TileSchedule
 from simflash.trace import TileStep, TraceRequest
@@ -59,10 +59,8 @@ def flash2_cta(
     h, i = cta.index
     h_kv = kv_head(h, hbm.shape("Q")[0] // hbm.shape("K")[0])
     d = hbm.shape("Q")[-1]
-    storage = hbm.inspect("Q").dtype  # P_ij enters the second matmul in the storage dtype
     rows = sched.q_rows(i)
     B_r = rows.stop - rows.start
-    recording = trace.records(h, i)
     kv_tiles = sched.kv_tiles(i)  # causal, windowed: within the skip bounds
     if not kv_tiles:
         # -- nothing to visit (every row's keys lie past the tile): exit without loading Q_i;
@@ -72,6 +70,41 @@ def flash2_cta(
             sram.store(hbm, "L", (h, rows), np.full(B_r, np.inf, dtype=STATE_DTYPE))
         return
     Q_i = sram.load("Q_i", hbm, "Q", (h, rows))  # (B_r, d)
+    m_i, l_i, a_i = yield from fold_kv_tiles(gpu, sched, scale, trace, Q_i, kv_tiles, (h, i), h_kv, kv_stages)
+
+    # -- normalise once; a row that saw no key outputs 0
+    O_i = np.divide(a_i, l_i[:, None], out=np.zeros_like(a_i), where=l_i[:, None] > 0)
+    compute.elementwise(div=B_r * d)
+    sram.store(hbm, "O", (h, rows), O_i)
+    if write_logsumexp:
+        # -- logsumexp L_i = m_i + log l_i, for a backward; a row that saw no key gets +inf, as FA-2 writes it
+        seen = l_i > 0  # (B_r,)
+        L_i = np.full(B_r, np.inf, dtype=STATE_DTYPE)  # (B_r,)
+        L_i[seen] = m_i[seen] + np.log(l_i[seen])
+        sram.store(hbm, "L", (h, rows), L_i)
+    release_tiles(sram, len(kv_tiles), kv_stages)
+
+
+def release_tiles(sram: SRAM, n_tiles: int, kv_stages: int) -> None:
+    """Free what a CTA holds after `fold_kv_tiles` over n_tiles KV tiles: Q_i, the stage buffers it
+    filled, m_i, l_i and a_i."""
+    stages = min(n_tiles, kv_stages)
+    sram.free("Q_i", *(f"{name}[{s}]" for s in range(stages) for name in ("K_j", "V_j")), "m_i", "l_i", "a_i")
+
+
+def fold_kv_tiles(gpu: SimulatedGPU, sched: TileSchedule, scale: float, trace: TraceRequest, Q_i: np.ndarray,
+                  kv_tiles: Iterable[int], tile: tuple[int, int], h_kv: int, kv_stages: int = DEFAULT_KV_STAGES,
+                  split: int | None = None) -> Generator[TileStep | None, None, tuple[np.ndarray, ...]]:
+    """FA-2's inner loop: fold KV tiles `kv_tiles` of K/V head h_kv into the online softmax of query tile
+    `tile` = (h, i), whose Q_i is on chip. Yields after every KV tile (a TileStep when recorded, naming
+    `split` for a split-KV kernel); returns the unnormalised (m_i, l_i, a_i), held in registers.
+    The K_j, V_j stage buffers stay held: the caller frees them with Q_i."""
+    hbm, sram, compute = gpu.hbm, gpu.sram, gpu.compute
+    h, i = tile
+    B_r, d = Q_i.shape
+    row_start = sched.q_rows(i).start
+    storage = hbm.inspect("Q").dtype  # P_ij enters the second matmul in the storage dtype
+    recording = trace.records(h, i)
     m_i = sram.state("m_i", (B_r,), -np.inf)  # running row max
     l_i = sram.state("l_i", (B_r,), 0.0)  # running row sum of exp(S - m)
     a_i = sram.state("a_i", (B_r, d), 0.0)  # unnormalised output accumulator
@@ -100,20 +133,8 @@ def flash2_cta(
         a_i = alpha[:, None] * a_i + compute.matmul(P_ij, V_j)  # (B_r, d)
         m_i = m_new
         sram.free("S_ij")
-        yield trace.step(h, i, j, rows.start, masked, m_i, alpha, l_i, a_i) if recording else None
-
-    # -- normalise once; a row that saw no key outputs 0
-    O_i = np.divide(a_i, l_i[:, None], out=np.zeros_like(a_i), where=l_i[:, None] > 0)
-    compute.elementwise(div=B_r * d)
-    sram.store(hbm, "O", (h, rows), O_i)
-    if write_logsumexp:
-        # -- logsumexp L_i = m_i + log l_i, for a backward; a row that saw no key gets +inf, as FA-2 writes it
-        seen = l_i > 0  # (B_r,)
-        L_i = np.full(B_r, np.inf, dtype=STATE_DTYPE)  # (B_r,)
-        L_i[seen] = m_i[seen] + np.log(l_i[seen])
-        sram.store(hbm, "L", (h, rows), L_i)
-    stages = min(len(kv_tiles), kv_stages)
-    sram.free("Q_i", *(f"{name}[{s}]" for s in range(stages) for name in ("K_j", "V_j")), "m_i", "l_i", "a_i")
+        yield trace.step(h, i, j, row_start, masked, m_i, alpha, l_i, a_i, split=split) if recording else None
+    return m_i, l_i, a_i
 
 
 def flash2_program(sched: TileSchedule, cta: CTA, d: int, itemsize: int, write_logsumexp: bool = False,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import math
 import os
 import re
 from collections.abc import Callable, Iterator
@@ -140,9 +141,11 @@ def as_data(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [as_data(item) for item in value]
     if isinstance(value, np.ndarray):
-        return value.tolist()
+        return as_data(value.tolist())
     if isinstance(value, np.generic):
-        return value.item()
+        return as_data(value.item())
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # "inf", "-inf", "nan": strict JSON has no infinities (trace files write them so too)
     if isinstance(value, Path):
         return str(value)
     return value
@@ -150,7 +153,7 @@ def as_data(value: Any) -> Any:
 
 def print_json(value: Any) -> None:
     """Print `value` as JSON on stdout (what --json gives on every command that prints tables)."""
-    typer.echo(json.dumps(as_data(value), indent=2))
+    typer.echo(json.dumps(as_data(value), indent=2, allow_nan=False))
 
 
 def guarded(callback: Callable) -> Callable:
