@@ -16,9 +16,10 @@ from pathlib import Path
 
 import attrs
 
+import simflash as sf
+
 from simflash.backends.kernels import BACKWARD_BLOCK_KV, BACKWARD_BLOCK_Q, BACKWARD_HEAD_DIMS
 from simflash.backends.profile import available_metrics, find_ncu, parse_ncu_csv, run_ncu
-from simflash.backends.validate_backward import defined_traffic, model_traffic
 from simflash.config import check_positive_int
 
 METRICS = {
@@ -76,11 +77,8 @@ def measured(kernel: dict) -> dict:
 
 
 def _logical(c: BackwardProfileConfig, block_q: int, block_kv: int) -> dict[str, int]:
-    """Logical bytes per ledger kernel at these tiles: the simulator's closed form where it has one
-    (and our tiles), else the ledger's definition."""
-    model = model_traffic(c) if (block_q, block_kv) == (c.block_q, c.block_kv) else None
-    traffic = model if model is not None else defined_traffic(c.n, c.n, c.d, block_q, block_kv, "float16", c.causal,
-                                                               heads=c.heads)
+    """Logical bytes per ledger kernel at these tiles: the simulator's closed form."""
+    traffic = sf.model.flash_backward_traffic(c.n, c.d, block_q, block_kv, "float16", c.causal, heads=c.heads)
     return {kernel: flow.total_bytes for kernel, flow in traffic.by_kernel.items()}
 
 

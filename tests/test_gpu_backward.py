@@ -70,7 +70,8 @@ def test_the_float64_logsumexp_is_the_simulator_s_forward_s():
     q, k, v, do = (x.astype(np.float32) for x in _inputs(rng, 2, 150, 70, 64))
     for causal, variant in MASKS:
         _, L, *_ = reference_backward(q, k, v, do, causal, variant, dtype="bfloat16")
-        sim = sf.flash_attention(q, k, v, 128, 64, causal, variant, dtype="bfloat16", write_logsumexp=True, trace="none")
+        sim = sf.flash_attention(q, k, v, 128, 64, causal=causal, causal_variant=variant, dtype="bfloat16",
+                                 write_logsumexp=True, trace="none")
         np.testing.assert_allclose(sim.logsumexp, L, rtol=1e-5)  # +inf in the same rows
 
 
