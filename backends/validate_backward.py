@@ -7,8 +7,8 @@ For each configuration, on fresh random q, k, v and output gradient dO:
   storage dtype (`naive_backward`) plus a small atol (`gradient_atol`);
 - the same numbers for PyTorch SDPA's flash backward where SDPA's flash backend takes the mask (none,
   or causal with n_q = n_kv), and the largest difference between its gradients and ours;
-- the bytes the three kernels counted against the ledger's definition (`defined_traffic`) and, where
-  the simulator has it, its closed form sf.model.flash_backward_traffic: exact integers;
+- the bytes the three kernels counted against the simulator's closed form
+  sf.model.flash_backward_traffic (`defined_traffic`): exact integers;
 - the forward's logsumexp L against float64's, and the forward's bytes (L included) against the
   simulator's closed form;
 - the timed build: dK and dV bit for bit the instrumented build's (each CTA owns its KV tile), dQ
@@ -27,9 +27,8 @@ from simflash.backends import flash2_backward
 from simflash.backends.validate import CheckConfig, ledger_rows
 from simflash.backends.validate import validate as forward_validate
 from simflash.config import storage_dtype
-from simflash.memory import Flow, Traffic
+from simflash.memory import Traffic
 from simflash.numerics import ATOL_ROUNDOFFS, FLOAT32_UNIT_ROUNDOFF, max_abs_error, reference_mask, relative_error, upcast
-from simflash.schedule import TileSchedule
 
 GRADIENTS = ("dq", "dk", "dv")
 LOGSUMEXP_RTOL = 1e-4  # the forward kernel's L (float32) against float64
@@ -124,47 +123,16 @@ def gradient_atol(v, do) -> float:
 
 def defined_traffic(n_q: int, n_kv: int, d: int, block_q: int = 64, block_kv: int = 128, dtype: str = "float16",
                     causal: bool = False, causal_variant: str = "upper_left", heads: int = 1) -> Traffic:
-    """The three kernels' ledger from its definition, tile by tile (valid rows only):
-
-    - flash2_backward_preprocess reads O and dO, writes D (float32 per row) and zeroes dQ_accum (float32);
-    - flash2_backward, per KV tile j some query tile visits: K_j and V_j once; per visiting query tile i:
-      Q_i and dO_i, L_i and D_i (float32), and dQ_accum written (its float32 atomic addends); dK_j, dV_j
-      written for every KV tile (zeros where no query tile visits, without loading K_j, V_j);
-    - flash2_backward_convert reads dQ_accum and writes dQ.
-    Query tile i visits KV tile j when j is within i's skip bounds (TileSchedule.kv_range), as forward."""
-    b, f32 = storage_dtype(dtype).itemsize, 4
-    sched = TileSchedule(n_q, n_kv, block_q, block_kv, causal=causal, causal_variant=causal_variant)
-    q_rows = [sched.q_rows(i).stop - sched.q_rows(i).start for i in range(sched.n_q_tiles)]
-    visits = [(i, j) for i in range(sched.n_q_tiles) for j in sched.kv_range(i)]
-    seen_kv_rows = sum(sched.kv_cols(j).stop - sched.kv_cols(j).start for j in {j for _, j in visits})
-    visiting_rows = sum(q_rows[i] for i, _ in visits)
-    ledger = {
-        ("flash2_backward_preprocess", "O"): Flow(read_bytes=n_q * d * b),
-        ("flash2_backward_preprocess", "dO"): Flow(read_bytes=n_q * d * b),
-        ("flash2_backward_preprocess", "D"): Flow(write_bytes=n_q * f32),
-        ("flash2_backward_preprocess", "dQ_accum"): Flow(write_bytes=n_q * d * f32),
-        ("flash2_backward", "K"): Flow(read_bytes=seen_kv_rows * d * b),
-        ("flash2_backward", "V"): Flow(read_bytes=seen_kv_rows * d * b),
-        ("flash2_backward", "Q"): Flow(read_bytes=visiting_rows * d * b),
-        ("flash2_backward", "dO"): Flow(read_bytes=visiting_rows * d * b),
-        ("flash2_backward", "L"): Flow(read_bytes=visiting_rows * f32),
-        ("flash2_backward", "D"): Flow(read_bytes=visiting_rows * f32),
-        ("flash2_backward", "dQ_accum"): Flow(write_bytes=visiting_rows * d * f32),
-        ("flash2_backward", "dK"): Flow(write_bytes=n_kv * d * b),
-        ("flash2_backward", "dV"): Flow(write_bytes=n_kv * d * b),
-        ("flash2_backward_convert", "dQ_accum"): Flow(read_bytes=n_q * d * f32),
-        ("flash2_backward_convert", "dQ"): Flow(write_bytes=n_q * d * b),
-    }
-    return Traffic(ledger).times(heads)
+    """The three kernels' ledger: the simulator's closed form sf.model.flash_backward_traffic, in the
+    backend's argument order (valid rows only; a KV tile no query tile visits writes zero dK_j, dV_j
+    without loading K_j, V_j)."""
+    return sf.model.flash_backward_traffic(n_q, d, block_q, block_kv, dtype, causal, n_kv=n_kv, heads=heads,
+                                           causal_variant=causal_variant)
 
 
-def model_traffic(c: BackwardConfig) -> Traffic | None:
-    """The simulator's closed form for the configuration, where this simflash has it (None otherwise)."""
-    closed_form = getattr(sf.model, "flash_backward_traffic", None)
-    if closed_form is None:
-        return None
-    return closed_form(c.n_q, c.d, c.block_q, c.block_kv, c.dtype, c.causal, n_kv=c.n_kv, heads=c.heads,
-                       causal_variant=c.causal_variant)
+def model_traffic(c: BackwardConfig) -> Traffic:
+    """The simulator's closed form for one validation configuration."""
+    return defined_traffic(c.n_q, c.n_kv, c.d, c.block_q, c.block_kv, c.dtype, c.causal, c.causal_variant, c.heads)
 
 
 def sdpa_gradients(q, k, v, do, causal: bool, scale: float, dtype: str) -> tuple[np.ndarray, ...] | str:
@@ -252,7 +220,7 @@ def check(config: BackwardConfig, rng: np.random.Generator) -> dict:
             "instrumented": ledger_rows(gpu.traffic),
             "equals_definition": gpu.traffic == defined_traffic(c.n_q, c.n_kv, c.d, c.block_q, c.block_kv, c.dtype,
                                                                 c.causal, c.causal_variant, c.heads),
-            "equals_model": None if model is None else gpu.traffic == model,
+            "equals_model": gpu.traffic == model,
         },
         "resources": gpu.resources,
     }
@@ -261,7 +229,7 @@ def check(config: BackwardConfig, rng: np.random.Generator) -> dict:
 
 
 def passed(record: dict) -> bool:
-    """Every check of one record holds (the closed form only where the simulator has it)."""
+    """Every check of one record holds (records made before the closed form existed hold None for it)."""
     forward = record["forward"]
     return bool(all(g["within_fa_rule"] for g in record["gradients"].values()) and record["nan_free"]
                 and record["timed"]["dk_dv_equal_instrumented"] and record["timed"]["dq_within_fa_rule"]

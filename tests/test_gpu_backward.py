@@ -118,16 +118,6 @@ def test_kv_tiles_no_query_tile_sees_are_written_without_being_read():
     assert t.ledger[("flash2_backward", "dQ_accum")] == Flow(write_bytes=100 * 64 * 4)
 
 
-@pytest.mark.parametrize(("n_q", "n_kv", "causal", "variant"), [(1000, 777, True, "lower_right"),
-                                                                 (300, 1000, True, "upper_left"), (77, 300, False, "upper_left")])
-def test_the_definition_is_the_simulator_s_closed_form_where_it_has_one(n_q, n_kv, causal, variant):
-    config = BackwardConfig(n_q, n_kv, 64, 2, causal, variant, "bfloat16")
-    model = model_traffic(config)
-    if model is None:
-        pytest.skip("this simflash has no sf.model.flash_backward_traffic")
-    assert model == defined_traffic(n_q, n_kv, 64, 64, 128, "bfloat16", causal, variant, heads=2)
-
-
 def test_backward_flops_by_hand():
     # five products of 2 N^2 d per head, 32 heads: 10 * 2^5 * 2^24 * 2^7 = 5 * 2^37
     assert BackwardBenchConfig(4096, 128).flops == 5 * 2**37
