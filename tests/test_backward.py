@@ -8,6 +8,7 @@ from hypothesis import given, strategies as st
 import simflash as sf
 from simflash.config import GiB, MiB, STORAGE_DTYPES
 from simflash.memory import HBM
+from simflash.model.backward import kv_tile_visits
 from simflash.model.footprint import backward_retention
 from simflash.numerics import (
     RELATIVE_TOLERANCE, fa_rule, max_abs_error, reference_attention_backward, reference_mask, relative_error, upcast,
@@ -35,6 +36,12 @@ def test_q_tiles_are_the_query_tiles_whose_kv_tiles_hold_j(n_q, n_kv, block_q, b
     sched = sf.TileSchedule(n_q, n_kv, block_q, block_kv, causal, variant, window=window, pack=pack)
     for j in range(sched.n_kv_tiles):
         assert sched.q_tiles(j) == [i for i in range(sched.n_q_tiles) if j in sched.kv_range(i)]
+    if pack == 1:  # the closed form's visits, from the definition of the window
+        visits = kv_tile_visits(n_q, n_kv, block_q, block_kv, causal, variant, window)
+        for j in range(sched.n_kv_tiles):
+            q_range = sched.q_range(j)
+            assert visits.count[j] == len(q_range) and (not q_range or visits.first[j] == q_range.start)
+            assert visits.q_rows[j] == sum(len(range(*sched.q_rows(i).indices(n_q))) for i in q_range)
 
 
 @given(n_q=st.integers(1, 24), n_kv=st.integers(1, 24), d=st.sampled_from([1, 4, 8]), block_q=st.integers(1, 10),
