@@ -47,9 +47,6 @@ from simflash.model.traffic import (
     permitted_entries,
 )
 
-NAIVE_BACKWARD_KERNELS = ("gemm_dv", "gemm_dp", "softmax_backward", "gemm_dq", "gemm_dk")
-
-
 @attrs.frozen
 class KVTileVisits:
     """Each KV tile of one head: its columns, and the run of query tiles that visit it."""
@@ -87,7 +84,7 @@ def kv_tile_visits(n_q: int, n_kv: int, block_q: int, block_kv: int, causal: boo
     return KVTileVisits(stops - starts, first, count, q_rows)
 
 
-def _flash_backward_ledger(visits: KVTileVisits, n_q: int, n_kv: int, d: int, b: int) -> dict:
+def _flash_backward_ledger(visits: KVTileVisits, n_q: int, d: int, b: int) -> dict:
     """One query head's ledger of the preprocess, main and convert kernels."""
     s = STATE_DTYPE.itemsize
     visit_rows = int(visits.q_rows.sum())  # query rows summed over every visited (j, i)
@@ -143,7 +140,7 @@ def flash_backward_traffic(
     kv_count, _ = head_groups(heads, kv_heads, True)  # (H_kv, H_q / H_kv)
     b = storage_dtype(dtype).itemsize
     visits = kv_tile_visits(n_q, n_kv, block_q, block_kv, check_bool("causal", causal), causal_variant, window)
-    return _per_query_head_gradients(_flash_backward_ledger(visits, n_q, n_kv, d, b),
+    return _per_query_head_gradients(_flash_backward_ledger(visits, n_q, d, b),
                                      ("flash2_backward", "flash2_backward"), heads, kv_count, n_kv * d * b,
                                      "flash2_backward_gqa_sum")
 
