@@ -21,7 +21,7 @@ import numpy as np
 import simflash as sf
 from simflash.backends import flash_decoding
 from simflash.backends.kernels import DECODE_BLOCK_KV
-from simflash.backends.validate import equal_bytes, ledger_rows
+from simflash.backends.validate import build_checks
 from simflash.numerics import fa_rule, reference_attention, reference_mask, upcast
 
 
@@ -140,13 +140,7 @@ def check(config: DecodeConfig, rng: np.random.Generator) -> dict:
         "error": {"max_abs": rule.error, "naive_max_abs": rule.naive_error, "bound": rule.bound,
                   "fa_rule": rule.passed,
                   "gpu_vs_simulator_max_abs": float(np.abs(gpu.out.astype(np.float64) - sim.out.astype(np.float64)).max())},
-        "nan_free": bool(np.isfinite(gpu.out.astype(np.float32)).all()),
-        "timed_equals_instrumented": bool(np.array_equal(gpu.out.view(np.uint16), timed.out.view(np.uint16))),
-        "traffic": {
-            "instrumented": ledger_rows(gpu.traffic),
-            "equals_simulator": equal_bytes(gpu.traffic, sim.traffic),
-            "equals_model": equal_bytes(gpu.traffic, model),
-        },
+        **build_checks(gpu, timed, sim.traffic, model),
         "resources": gpu.resources,
     }
     sdpa = _sdpa(c, q, k, v)
