@@ -1,17 +1,19 @@
-"""The GPU backend: the FA-2 forward kernel (grouped-query heads, sliding windows), Flash-Decoding's
-split and combine kernels, and the naive three-kernel path on a real NVIDIA GPU.
+"""The GPU backend: the FA-2 forward kernel (grouped-query heads, sliding windows; two versions),
+Flash-Decoding's split and combine kernels, and the naive three-kernel path on a real NVIDIA GPU.
 
-Kernels are CUDA sources shipped as package data (flash2_forward.cu, flash_decoding_split.cu,
-flash_decoding_combine.cu, naive_softmax.cu; flash2_tile.cuh, ptx.cuh), compiled through CuPy's
-RawModule. CuPy is imported lazily: importing this package needs no GPU.
+Kernels are CUDA sources shipped as package data (flash2_forward.cu and its version 2,
+flash2_forward_v2.cu; flash_decoding_split.cu, flash_decoding_combine.cu; naive_softmax.cu;
+flash2_tile.cuh, ptx.cuh), compiled through CuPy's RawModule. CuPy is imported lazily: importing this
+package needs no GPU.
 
     from simflash.backends import flash_attention, flash_decoding, naive_attention
     run = flash_attention(q, k, v, causal=True)   # instrumented: run.traffic == sf.flash_attention(...).traffic
     run = flash_decoding(q, k, v)                 # run.traffic == sf.model.flash_decoding_traffic(...)
 """
 
-from simflash.backends.flash2 import GPURun, TileStats, flash_attention
-from simflash.backends.flash_decoding import flash_decoding
+from simflash.backends.flash2 import VERSIONS, GPURun, TileStats, flash_attention
+from simflash.backends.flash2_v2 import Flash2V2Kernel
+from simflash.backends.decoding import flash_decoding
 from simflash.backends.kernels import (
     DecodeCombineKernel,
     DecodeSplitKernel,
@@ -22,5 +24,6 @@ from simflash.backends.kernels import (
 )
 from simflash.backends.naive import naive_attention
 
-__all__ = ["DecodeCombineKernel", "DecodeSplitKernel", "Flash2Kernel", "GPURun", "SoftmaxKernel", "TileStats",
-           "flash_attention", "flash_decoding", "gpu_available", "naive_attention", "supported"]
+__all__ = ["VERSIONS", "DecodeCombineKernel", "DecodeSplitKernel", "Flash2Kernel", "Flash2V2Kernel", "GPURun",
+           "SoftmaxKernel", "TileStats", "flash_attention", "flash_decoding", "gpu_available", "naive_attention",
+           "supported"]

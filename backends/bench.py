@@ -1,10 +1,12 @@
-"""Timing on the GPU: the FA-2 kernel against PyTorch SDPA's FLASH backend in the same process, on the
-same inputs, with the same timer (CUDA events around each call, median of repeats after a warm-up).
+"""Timing on the GPU: the FA-2 kernel's versions against PyTorch SDPA's FLASH, cuDNN and EFFICIENT
+backends in the same process, on the same inputs, with the same timer (CUDA events around each call,
+median of repeats after a warm-up).
 
-Per configuration: TFLOP/s (FLOPs = 4 B H N^2 d, halved when causal) and its share of the GPU's peak
-from simflash.config.GPUS, the ratio to SDPA flash, the naive three-kernel path, achieved bandwidth
-(logical bytes / time, and DRAM bytes / time where a profile measured them) against HBM peak, and
-the largest absolute difference of each output from SDPA's math backend.
+Per configuration: TFLOP/s (FLOPs = 4 B H N^2 d, halved when causal) of each kernel version at each
+tile shape and its share of the GPU's peak from simflash.config.GPUS, the ratio of the first version
+to SDPA flash, the naive three-kernel path, achieved bandwidth (logical bytes / time, and DRAM bytes /
+time where a profile measured them) against HBM peak, and the largest absolute difference of each
+output from SDPA's math backend.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ import attrs
 import numpy as np
 
 import simflash as sf
-from simflash.backends.flash2 import launch, poisoned_output
-from simflash.backends.kernels import Flash2Kernel, import_cupy
+from simflash.backends.flash2 import kernel_version, launch, poisoned_output
+from simflash.backends.kernels import import_cupy
 from simflash.backends.naive import NaivePath
 from simflash.schedule import TileSchedule
 
@@ -76,8 +78,9 @@ def _torch():
 
 def bench_config(config: BenchConfig, seed: int, tiles: tuple[tuple[int, int], ...] = ((128, 64),),
                  naive_max_n: int = 16384, math_max_n: int = 4096, gpu: str = "H200",
-                 dram: dict | None = None) -> dict:
-    """Time one configuration every way; `dram` maps kernel -> DRAM bytes a profile measured for it."""
+                 dram: dict | None = None, versions: tuple[str, ...] = ("v1",)) -> dict:
+    """Time one configuration every way; `dram` maps kernel -> DRAM bytes a profile measured for it.
+    The first version's first tile shape is the headline ("fa2"); "versions" holds every version's."""
     cupy = import_cupy()
     c = config
     spec = sf.GPUS[gpu]
@@ -95,25 +98,29 @@ def bench_config(config: BenchConfig, seed: int, tiles: tuple[tuple[int, int], .
         per_s = nbytes / (timing["ms"] * 1e-3)
         return {"bytes": nbytes, "GBps": per_s / 1e9, "pct_hbm_peak": 100 * per_s / peak_bytes}
 
-    # -- the FA-2 kernel, timed build, each tile shape asked for (the first is the headline)
+    # -- each FA-2 kernel version, timed build, each tile shape asked for
     O = poisoned_output(Q.shape, DTYPE)
-    row["fa2"] = {}
-    for block_q, block_kv in tiles:
-        sched = TileSchedule(c.n, c.n, block_q, block_kv, causal=c.causal)
-        kernel = Flash2Kernel(DTYPE, block_q, block_kv, c.d)
-        timing = rate(time_ms(lambda: launch(kernel, Q, K, V, O, sched, scale)))
-        logical = sf.model.flash_traffic(c.n, c.d, block_q, block_kv, DTYPE, c.causal, heads=c.heads).total_bytes
-        timing["logical_bandwidth"] = bandwidth(logical, timing)
-        row["fa2"][f"{block_q}x{block_kv}"] = timing
+    outputs = {}
+    row["versions"] = {}
+    for version in versions:
+        timings = row["versions"][version] = {}
+        for block_q, block_kv in tiles:
+            sched = TileSchedule(c.n, c.n, block_q, block_kv, causal=c.causal)
+            kernel = kernel_version(version)(DTYPE, block_q, block_kv, c.d)
+            timing = rate(time_ms(lambda: launch(kernel, Q, K, V, O, sched, scale)))
+            logical = sf.model.flash_traffic(c.n, c.d, block_q, block_kv, DTYPE, c.causal, heads=c.heads).total_bytes
+            timing["logical_bandwidth"] = bandwidth(logical, timing)
+            timings[f"{block_q}x{block_kv}"] = timing
+        launch(kernel_version(version)(DTYPE, tiles[0][0], tiles[0][1], c.d), Q, K, V, O,
+               TileSchedule(c.n, c.n, tiles[0][0], tiles[0][1], causal=c.causal), scale)
+        outputs[version] = O.view(cupy.float16).copy()
+    row["fa2"] = row["versions"][versions[0]]
     headline = row["fa2"][f"{tiles[0][0]}x{tiles[0][1]}"]
-    launch(Flash2Kernel(DTYPE, tiles[0][0], tiles[0][1], c.d), Q, K, V, O,
-           TileSchedule(c.n, c.n, tiles[0][0], tiles[0][1], causal=c.causal), scale)
-    O_fa2 = O.view(cupy.float16)
+    outputs["fa2"] = outputs[versions[0]]
     if dram and "flash2_forward" in dram:
         headline["dram_bandwidth"] = bandwidth(dram["flash2_forward"], headline)
 
     # -- the naive three-kernel path
-    outputs = {"fa2": O_fa2}
     if c.n <= naive_max_n:
         path = NaivePath(Q, K, V, TileSchedule(c.n, c.n, c.n, c.n, causal=c.causal), scale, instrumented=True)
         path.run()  # the instrumented build counts the softmax's S reads and P writes
@@ -139,6 +146,13 @@ def bench_config(config: BenchConfig, seed: int, tiles: tuple[tuple[int, int], .
             row["sdpa_flash"] = rate(time_ms(lambda: sdpa(q, k, v, is_causal=c.causal)))
             outputs["sdpa_flash"] = cupy.from_dlpack(sdpa(q, k, v, is_causal=c.causal)).reshape(Q.shape)
         row["ratio_vs_sdpa_flash"] = headline["tflops"] / row["sdpa_flash"]["tflops"]
+        for name, backend in (("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION),
+                              ("sdpa_efficient", SDPBackend.EFFICIENT_ATTENTION)):
+            try:
+                with sdpa_kernel(backend):
+                    row[name] = rate(time_ms(lambda: sdpa(q, k, v, is_causal=c.causal)))
+            except RuntimeError as error:  # a backend this build or input cannot run
+                row[name] = f"refused: {str(error).splitlines()[0][:200]}"
         if c.n <= math_max_n:
             with sdpa_kernel(SDPBackend.MATH):
                 math_out = cupy.from_dlpack(sdpa(q, k, v, is_causal=c.causal)).reshape(Q.shape).astype(cupy.float32)

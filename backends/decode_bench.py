@@ -27,7 +27,7 @@ import numpy as np
 import simflash as sf
 from simflash.backends.bench import time_ms
 from simflash.backends.flash2 import launch, poisoned_output
-from simflash.backends.flash_decoding import DecodePath, split_schedule
+from simflash.backends.decoding import DecodePath, split_schedule
 from simflash.backends.kernels import DECODE_BLOCK_KV, Flash2Kernel, import_cupy
 from simflash.backends.profile import find_ncu, run_ncu
 from simflash.backends.validate import ledger_rows

@@ -4,7 +4,8 @@
 `flash_attention` takes host arrays, checks them exactly as the simulator does, runs the kernel
 (instrumented by default, so the run carries the HBM bytes the kernel counted and the m, l trace of one
 tile) and hands back a GPURun whose `traffic` compares equal to the simulator's. `launch` is the
-device-array entry point the timing and profiling code uses.
+device-array entry point the timing and profiling code uses. The kernel comes in numbered versions
+(VERSIONS: one .cu file each, same arguments and results); `version` picks one.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import attrs
 import numpy as np
 
 from simflash.api import prepare_inputs
+from simflash.backends.flash2_v2 import Flash2V2Kernel
 from simflash.backends.kernels import Flash2Kernel, import_cupy
 from simflash.config import check_bool
 from simflash.memory import Flow, Traffic
@@ -20,6 +22,8 @@ from simflash.schedule import TileSchedule
 
 KERNEL = "flash2_forward"  # the ledger's kernel name, as in the simulator
 COUNTED_TENSORS = ("Q", "K", "V", "O")  # order of the kernel's bytes_moved counters
+# The kernel versions by name: v1 flash2_forward.cu, v2 flash2_forward_v2.cu (FA-2's own layout).
+VERSIONS = {"v1": Flash2Kernel, "v2": Flash2V2Kernel}
 # Output poison: a NaN bit pattern per storage dtype, so an element the kernel never wrote shows up.
 POISON_BITS = {"float16": 0x7E00, "bfloat16": 0x7FC0}
 UNBOUNDED = 1 << 30  # a window side with no bound, as the kernels take it (flash2_tile.cuh's Visibility)
@@ -77,21 +81,36 @@ def launch(kernel: Flash2Kernel, Q, K, V, O, sched: TileSchedule, scale: float, 
         raise ValueError(f"shapes Q {Q.shape}, K {K.shape}, V {V.shape} do not match the schedule and d={kernel.d}")
     null = np.uint64(0)
     trace_head, trace_tile, trace_m, trace_l = trace if trace is not None else (-1, -1, null, null)
-    left, right = bounds(sched)
+    if isinstance(kernel, Flash2V2Kernel):  # multi-head, causal or not: its bounds are one flag
+        if sched.pack != 1 or heads != K.shape[0] or sched.left is not None or sched.right not in (None, 0):
+            raise ValueError("kernel version v2 runs multi-head attention, causal or not: no window, no grouped "
+                             "query heads (use version v1)")
+        geometry = (np.int32(sched.right == 0), np.int32(sched.diagonal_offset))
+    else:
+        left, right = bounds(sched)
+        geometry = (np.int32(sched.pack), np.int32(heads // K.shape[0]), np.int32(sched.diagonal_offset),
+                    np.int32(left), np.int32(right))
     kernel.function()(
         (sched.n_q_tiles, heads // sched.pack),
         (kernel.threads,),
-        (Q, K, V, O, np.int32(n_q), np.int32(sched.n_kv), np.float32(scale), np.int32(sched.pack),
-         np.int32(heads // K.shape[0]), np.int32(sched.diagonal_offset), np.int32(left), np.int32(right),
+        (Q, K, V, O, np.int32(n_q), np.int32(sched.n_kv), np.float32(scale), *geometry,
          null if counters is None else counters, np.int32(trace_head), np.int32(trace_tile), trace_m, trace_l),
         shared_mem=kernel.shared_bytes,
     )
+
+
+def kernel_version(version: str) -> type[Flash2Kernel]:
+    """The kernel class of one version, or a ValueError naming the versions there are."""
+    if version not in VERSIONS:
+        raise ValueError(f"version must be one of {list(VERSIONS)}, got {version!r}")
+    return VERSIONS[version]
 
 
 def flash_attention(
     q, k, v, block_q: int = 128, block_kv: int = 64, *, causal: bool = False, causal_variant: str = "upper_left",
     scale: float | None = None, dtype: str = "float16", window: tuple[int, int] = (-1, -1),
     pack_gqa: bool = False, instrumented: bool = True, trace_head: int | None = None, trace_tile: int | None = None,
+    version: str = "v1",
 ) -> GPURun:
     """FA-2 forward on the GPU. q: (..., H_q, n_q, d); k, v: (..., H_kv, n_kv, d); the simulator's checks,
     heads, window and pack_gqa (see sf.flash_attention).
@@ -99,12 +118,12 @@ def flash_attention(
     instrumented: run the counting build, so `traffic` holds the bytes the kernel moved (the timed
     build leaves it None). trace_head/trace_tile pick the one query tile whose m, l are recorded
     after every KV tile (instrumented build only; default: none); heads are those of the CTAs, packed
-    groups with pack_gqa.
+    groups with pack_gqa. version: the kernel version (VERSIONS; v2 without windows or grouped heads).
     """
     pack_gqa = check_bool("pack_gqa", pack_gqa)
     Q, K, V, scale = prepare_inputs(q, k, v, dtype, scale, causal_variant)
     heads, n_q, d = Q.shape
-    kernel = Flash2Kernel(dtype, block_q, block_kv, d, bool(instrumented))
+    kernel = kernel_version(version)(dtype, block_q, block_kv, d, bool(instrumented))
     sched = TileSchedule(n_q, K.shape[1], block_q, block_kv, causal=bool(causal), causal_variant=causal_variant,
                          window=window, pack=heads // K.shape[0] if pack_gqa else 1)
     cta_heads = heads // sched.pack

@@ -1,5 +1,5 @@
-"""Tables from the GPU results (validate, profile, bench, sdpa-check JSON): the rows the CLI prints and
-the Markdown the docs carry. Pure Python: it reads results, it runs nothing."""
+"""Tables from the GPU results (validate, profile, bench, kernel-profile, sdpa-check JSON): the rows the
+CLI prints and the Markdown the docs carry. Pure Python: it reads results, it runs nothing."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from simflash.config import MiB
 Table = tuple[list[str], list[list[str]]]  # headers, rows
 RESULT_FILES = {"validate": "validate.json", "profile": "profile.json", "bench": "bench.json",
                 "sdpa": "sdpa_check.json", "validate_gqa": "validate_gqa.json", "validate_decode": "validate_decode.json",
-                "decode_bench": "decode_bench.json"}
+                "decode_bench": "decode_bench.json", "validate_v2": "validate_v2.json", "versions": "bench_versions.json",
+                "kernel_profile": "kernel_profile.json"}
 
 
 def _mib(nbytes) -> str:
@@ -241,6 +242,50 @@ def tiles_table(rows_in: list[dict]) -> Table:
     return headers, rows
 
 
+def _tflops(timing) -> str:
+    return f"{timing['tflops']:.1f}" if isinstance(timing, dict) else "–"
+
+
+def versions_table(rows_in: list[dict]) -> Table:
+    """Each FA-2 kernel version's TFLOP/s by tile shape, its best over SDPA flash, and SDPA's fused
+    backends, all timed in the same process on the same inputs."""
+    shapes = list(dict.fromkeys(shape for row in rows_in for timings in row.get("versions", {}).values()
+                                for shape in timings))
+    headers = ["N", "d", "causal", "kernel", *[f"{shape} TFLOP/s" for shape in shapes], "best / SDPA flash",
+               "SDPA flash TFLOP/s", "SDPA cuDNN TFLOP/s", "SDPA efficient TFLOP/s"]
+    rows = []
+    for row in rows_in:
+        c = row["config"]
+        for version, timings in row.get("versions", {}).items():
+            best = max(timing["tflops"] for timing in timings.values())
+            flash = row.get("sdpa_flash")
+            rows.append([str(c["n"]), str(c["d"]), "yes" if c["causal"] else "no", version,
+                         *[_tflops(timings.get(shape)) for shape in shapes],
+                         f"{best / flash['tflops']:.2f}" if isinstance(flash, dict) else "–",
+                         _tflops(flash), _tflops(row.get("sdpa_cudnn")), _tflops(row.get("sdpa_efficient"))])
+    return headers, rows
+
+
+def kernel_profile_table(result: dict) -> Table:
+    """Per configuration and kernel, what Nsight Compute measured (a metric ncu lacked shows as –)."""
+    headers = ["N", "d", "causal", "kernel", "time µs", "TFLOP/s (under ncu)", "tensor pipe active %",
+               "shared wavefronts (M)", "shared wavefronts per MFLOP", "warps active %", "DRAM read MiB"]
+    rows = []
+    for row in result["rows"]:
+        c = row["config"]
+
+        def shown(key: str, fmt: str, divide: float = 1.0) -> str:
+            return "–" if row.get(key) is None else format(row[key] / divide, fmt)
+
+        time_ns = row.get("time_ns")
+        rows.append([str(c["n"]), str(c["d"]), "yes" if c["causal"] else "no", row["kernel"],
+                     shown("time_ns", ",.1f", 1e3), "–" if not time_ns else f"{row['flops'] / time_ns / 1e3:.1f}",
+                     shown("tensor_active_pct", ".1f"), shown("shared_wavefronts", ",.1f", 1e6),
+                     shown("shared_wavefronts", ".1f", row["flops"] / 1e6), shown("warps_active_pct", ".1f"),
+                     shown("dram_read_bytes", ",.1f", MiB)])
+    return headers, rows
+
+
 def sdpa_table(results: list[dict]) -> Table:
     headers = ["N", "d", "causal", "backend", "verdict", "kernels"]
     rows = []
@@ -287,6 +332,13 @@ def tables(results: dict) -> dict[str, Table]:
         out["decode_bench"] = decode_bench_table(results["decode_bench"])
         if "profile" in results["decode_bench"]:
             out["decode_profile"] = decode_profile_table(results["decode_bench"])
+    if "validate_v2" in results:
+        out["validate_v2"] = validate_table(results["validate_v2"])
+        out["resources_v2"] = resources_table(results["validate_v2"])
+    if "versions" in results:
+        out["versions"] = versions_table(results["versions"]["rows"])
+    if "kernel_profile" in results:
+        out["kernel_profile"] = kernel_profile_table(results["kernel_profile"])
     return out
 
 

@@ -1,7 +1,7 @@
 """compute-sanitizer over the simflash kernels on small configurations.
 
-`python -m simflash.backends.sanitize` is the program the sanitizer runs: both builds of the FA-2
-kernel (ragged tiles, both causal variants, n_q != n_kv, fp16 and bf16) and both builds of the naive
+`python -m simflash.backends.sanitize` is the program the sanitizer runs: both builds of every
+version of the FA-2 kernel (ragged tiles, both causal variants, n_q != n_kv, fp16 and bf16) and both builds of the naive
 softmax (vector and scalar row paths), each result checked against the float64 reference. Only our
 kernels run (no cuBLAS), so what the sanitizer reports is about them.
 """
@@ -42,14 +42,16 @@ def target() -> None:
         common = dict(causal=c.causal, causal_variant=c.causal_variant, dtype=c.dtype, block_q=c.block_q,
                       block_kv=c.block_kv)
         ref = reference_attention(q, k, v, c.causal, c.causal_variant, dtype=c.dtype)
-        for instrumented in (True, False):
-            trace = dict(trace_head=0, trace_tile=0) if instrumented else {}
-            out = flash2.flash_attention(q, k, v, **common, instrumented=instrumented, **trace).out
-            error = relative_error(out, ref)
-            if not within_tolerance(error, c.dtype):
-                raise AssertionError(f"{c.label} instrumented={instrumented}: relative error {error:.3g}")
-            print(f"checked flash2_forward, {'instrumented' if instrumented else 'timed'} build, {c.label}: "
-                  f"relative error {error:.2e}")
+        for version in flash2.VERSIONS:
+            for instrumented in (True, False):
+                trace = dict(trace_head=0, trace_tile=0) if instrumented else {}
+                out = flash2.flash_attention(q, k, v, **common, instrumented=instrumented, version=version,
+                                             **trace).out
+                error = relative_error(out, ref)
+                if not within_tolerance(error, c.dtype):
+                    raise AssertionError(f"{version} {c.label} instrumented={instrumented}: relative error {error:.3g}")
+                print(f"checked flash2_forward {version}, {'instrumented' if instrumented else 'timed'} build, "
+                      f"{c.label}: relative error {error:.2e}")
     for n_q, n_kv, causal, variant in ((33, 200, True, "lower_right"), (40, 77, True, "upper_left"), (5, 64, False, "upper_left")):
         S = (rng.standard_normal((n_q, n_kv), dtype=np.float32) * 2).astype(np.float16)  # scaled scores
         sched = TileSchedule(n_q, n_kv, n_q, n_kv, causal=causal, causal_variant=variant)

@@ -157,8 +157,9 @@ def build_checks(gpu, timed, simulated: Traffic, model: Traffic) -> dict:
     }
 
 
-def check(config: CheckConfig, rng: np.random.Generator) -> dict:
-    """Run one configuration every way and record how the results compare."""
+def check(config: CheckConfig, rng: np.random.Generator, version: str = "v1") -> dict:
+    """Run one configuration every way and record how the results compare (the naive GPU path with
+    version 1 only: it does not depend on the FA-2 kernel's version)."""
     c = config
     lead = (c.batch,) if c.batch > 1 else ()
     kv_heads = c.heads if c.kv_heads is None else c.kv_heads
@@ -171,8 +172,9 @@ def check(config: CheckConfig, rng: np.random.Generator) -> dict:
     trace_tile = sf.TileSchedule(c.n_q * (c.group if c.pack_gqa else 1), c.n_kv, c.block_q, c.block_kv).n_q_tiles - 1
 
     ref = reference_attention(q, k, v, **common, window=c.window)
-    gpu = flash2.flash_attention(q, k, v, **tiles, **common, trace_head=trace_head, trace_tile=trace_tile)
-    timed = flash2.flash_attention(q, k, v, **tiles, **common, instrumented=False)
+    gpu = flash2.flash_attention(q, k, v, **tiles, **common, trace_head=trace_head, trace_tile=trace_tile,
+                                 version=version)
+    timed = flash2.flash_attention(q, k, v, **tiles, **common, instrumented=False, version=version)
     sim = sf.flash_attention(q, k, v, **tiles, **common, trace="stats", trace_heads=[trace_head],
                              trace_tiles=[trace_tile])
     sim_naive = sf.naive_attention(q, k, v, **common, window=c.window)
@@ -199,7 +201,7 @@ def check(config: CheckConfig, rng: np.random.Generator) -> dict:
         rule = fa_rule(gpu.out, sim_naive.out, ref, upcast(v, c.dtype))
         record["error"]["fa_rule"] = {"max_abs": rule.error, "naive_max_abs": rule.naive_error, "bound": rule.bound,
                                       "passed": rule.passed}
-    elif c.dtype in naive.NAIVE_DTYPES:
+    elif c.dtype in naive.NAIVE_DTYPES and version == "v1":
         gpu_naive = naive.naive_attention(q, k, v, **common)
         logical = sf.model.naive_traffic(c.n_q, c.d, c.dtype, c.causal, n_kv=c.n_kv, heads=c.heads,
                                          causal_variant=c.causal_variant)
@@ -266,17 +268,18 @@ def suite_configs(suites: tuple[str, ...], quick: bool = False) -> tuple[list[Ch
     return configs, decode_configs()
 
 
-def validate(configs: list[CheckConfig], seed: int | None = None, progress=None, decode: list | None = None) -> dict:
+def validate(configs: list[CheckConfig], seed: int | None = None, progress=None, decode: list | None = None,
+             version: str = "v1") -> dict:
     """Run every configuration on fresh inputs (seed recorded, so a run can be repeated); `decode`:
     Flash-Decoding configurations (simflash.backends.validate_decode), recorded apart."""
     seed = int(np.random.SeedSequence().entropy) if seed is None else seed
     rng = np.random.default_rng(seed)
     records = []
     for config in configs:
-        records.append(check(config, rng))
+        records.append(check(config, rng, version))
         if progress is not None:
             progress(records[-1])
-    result = {"seed": str(seed), "records": records, "refusals": refusals()}
+    result = {"kernel": version, "seed": str(seed), "records": records, "refusals": refusals()}
     if decode:
         from simflash.backends import validate_decode
 
@@ -287,3 +290,22 @@ def validate(configs: list[CheckConfig], seed: int | None = None, progress=None,
                 progress(result["decode"][-1])
     result["all_ok"] = all(r["ok"] for r in records + result.get("decode", []))
     return result
+
+
+def version_configs(version: str, quick: bool = False) -> list[CheckConfig]:
+    """The configurations to validate a kernel version on: those of default_configs it is built for,
+    and (full sweep) for versions after the first, 128x128 tiles at d = 64 as well."""
+    kernel = flash2.kernel_version(version)
+    configs = default_configs(quick)
+    if version != "v1" and not quick:
+        configs += [CheckConfig(1000, 777, 64, 2, causal, variant, dtype, 128, 128)
+                    for causal, variant in MASKS for dtype in ("float16", "bfloat16")]
+    return [c for c in configs if _builds(kernel, c)]
+
+
+def _builds(kernel, config: CheckConfig) -> bool:
+    try:
+        kernel(config.dtype, config.block_q, config.block_kv, config.d)
+    except ValueError:
+        return False
+    return True

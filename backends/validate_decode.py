@@ -19,7 +19,7 @@ import attrs
 import numpy as np
 
 import simflash as sf
-from simflash.backends import flash_decoding
+from simflash.backends import decoding
 from simflash.backends.kernels import DECODE_BLOCK_KV
 from simflash.backends.validate import build_checks
 from simflash.numerics import fa_rule, reference_attention, reference_mask, upcast
@@ -86,7 +86,7 @@ def decode_configs() -> list[DecodeConfig]:
 
 
 def _split_count(c: DecodeConfig) -> int:
-    return flash_decoding.split_schedule(c.batch, c.batch * c.heads, c.batch * c.kv_heads, c.n_q, c.n_kv, c.d,
+    return decoding.split_schedule(c.batch, c.batch * c.heads, c.batch * c.kv_heads, c.n_q, c.n_kv, c.d,
                                          c.num_splits, c.tile, c.pack_gqa).num_splits
 
 
@@ -122,8 +122,8 @@ def check(config: DecodeConfig, rng: np.random.Generator) -> dict:
     common = dict(num_splits=splits, block_kv=c.tile, pack_gqa=c.pack_gqa, cache_seqlens=c.cache_seqlens,
                   causal=c.causal, window=c.window, dtype=c.dtype)
 
-    gpu = flash_decoding.flash_decoding(q, k, v, **common)
-    timed = flash_decoding.flash_decoding(q, k, v, **common, instrumented=False)
+    gpu = decoding.flash_decoding(q, k, v, **common)
+    timed = decoding.flash_decoding(q, k, v, **common, instrumented=False)
     sim = sf.flash_decoding(q, k, v, **common)
     model = sf.model.flash_decoding_traffic(c.n_kv, c.d, batch=c.batch, heads=c.heads, kv_heads=c.kv_heads, n_q=c.n_q,
                                             num_splits=splits, block_kv=c.tile, pack_gqa=c.pack_gqa,

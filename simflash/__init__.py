@@ -11,6 +11,7 @@ lecture" is *Lecture 1 - Attention Bottleneck and Roofline*.
 from simflash import model
 from simflash._checkout import register as _register_checkout_backends
 from simflash.api import Run, RunConfig, flash_attention, flash_attention_steps, naive_attention
+from simflash.backward import BackwardRun, flash_attention_backward, naive_attention_backward
 from simflash.config import GPUS, GPUSpec
 from simflash.decoding import flash_decoding
 from simflash.memory import HBM, SRAM, Flow, SRAMOverflowError, Traffic
@@ -19,9 +20,9 @@ from simflash.schedule import TileSchedule
 from simflash.trace import TileStep, Trace
 
 __all__ = [
-    "GPUS", "GPUSpec", "HBM", "SRAM", "Flow", "Run", "RunConfig", "SRAMOverflowError", "TileSchedule",
-    "TileStep", "Trace", "Traffic", "amdahl", "flash_attention", "flash_attention_steps", "flash_decoding", "model",
-    "naive_attention",
+    "BackwardRun", "GPUS", "GPUSpec", "HBM", "SRAM", "Flow", "Run", "RunConfig", "SRAMOverflowError",
+    "TileSchedule", "TileStep", "Trace", "Traffic", "amdahl", "flash_attention", "flash_attention_backward",
+    "flash_attention_steps", "flash_decoding", "model", "naive_attention", "naive_attention_backward",
 ]
 
 # Imported from a checkout, map simflash.backends to its backends/ (that one name, not the checkout root on __path__).

@@ -29,7 +29,7 @@ from simflash.config import (
 )
 from simflash.grid import Schedule, check_schedule, run_bodies
 from simflash.l2 import PhysicalTraffic
-from simflash.memory import MemoryEvent, OnChipStats, SimulatedGPU, Traffic
+from simflash.memory import HBM, MemoryEvent, OnChipStats, SimulatedGPU, Traffic
 from simflash.onchip import DEFAULT_KV_STAGES, check_fits, check_kv_stages, cta_resources, register_capacity_bytes
 from simflash.schedule import TileSchedule
 from simflash.trace import DEFAULT_TRACE_BUDGET_BYTES, TileStep, Trace, TraceLevel, TraceRequest, trace_request
@@ -117,7 +117,7 @@ class Run:
         return repr_html(self)
 
 
-def _heads_layout(name: str, x: Any) -> np.ndarray:
+def heads_layout(name: str, x: Any) -> np.ndarray:
     array = np.asarray(x)
     if array.ndim < 2:
         raise ValueError(f"{name} must have shape (..., n, d) with at least 2 dimensions, got shape {array.shape}")
@@ -134,9 +134,9 @@ def prepare_inputs(q, k, v, dtype: str, scale: float | None, causal_variant: str
     Grouped-query heads: q (..., H_q, n_q, d) with k, v (..., H_kv, n_kv, d), H_q a multiple of H_kv;
     flattened, query head h reads K/V head h // (H_q / H_kv).
     """
-    store = storage_dtype(dtype)
+    storage_dtype(dtype)
     check_causal_variant(causal_variant)
-    q, k, v = (_heads_layout(name, x) for name, x in (("q", q), ("k", k), ("v", v)))
+    q, k, v = (heads_layout(name, x) for name, x in (("q", q), ("k", k), ("v", v)))
     if k.shape != v.shape:
         raise ValueError(f"k and v must have the same shape (..., n_kv, d), got {k.shape} and {v.shape}")
     if q.shape[-1] != k.shape[-1]:
@@ -147,15 +147,7 @@ def prepare_inputs(q, k, v, dtype: str, scale: float | None, causal_variant: str
     if q.ndim > 2 and q.shape[-3] % k.shape[-3]:
         raise ValueError(f"q's heads (H_q = {q.shape[-3]}) must be a multiple of k's and v's heads "
                          f"(H_kv = {k.shape[-3]}): each K/V head serves a group of H_q / H_kv query heads")
-    stored = []
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if not np.isfinite(x).all():
-            raise ValueError(f"{name} must be finite (no NaN or inf)")
-        with np.errstate(over="ignore"):  # an overflow is reported just below, naming the input
-            rounded = x.reshape(-1, *x.shape[-2:]).astype(store)
-        if not np.isfinite(rounded.astype(STATE_DTYPE)).all():
-            raise ValueError(f"{name} has values beyond the range of {dtype} (max {float(ml_dtypes.finfo(store).max):g})")
-        stored.append(rounded)
+    stored = [stored_heads(name, x, dtype) for name, x in (("q", q), ("k", k), ("v", v))]
     d = q.shape[-1]
     if scale is None:
         scale = 1.0 / math.sqrt(d)
@@ -163,6 +155,18 @@ def prepare_inputs(q, k, v, dtype: str, scale: float | None, causal_variant: str
             or not (math.isfinite(scale) and scale > 0)):
         raise ValueError(f"scale must be a finite positive number, got {scale!r}")
     return (*stored, float(scale))
+
+
+def stored_heads(name: str, x: np.ndarray, dtype: str) -> np.ndarray:
+    """A finite input x (..., n, d) as HBM stores it: (heads, n, d), rounded to the storage dtype."""
+    store = storage_dtype(dtype)
+    if not np.isfinite(x).all():
+        raise ValueError(f"{name} must be finite (no NaN or inf)")
+    with np.errstate(over="ignore"):  # an overflow is reported just below, naming the input
+        rounded = x.reshape(-1, *x.shape[-2:]).astype(store)
+    if not np.isfinite(rounded.astype(STATE_DTYPE)).all():
+        raise ValueError(f"{name} has values beyond the range of {dtype} (max {float(ml_dtypes.finfo(store).max):g})")
+    return rounded
 
 
 CACHE_MODES = ("cold", "warm")
@@ -451,6 +455,14 @@ def naive_attention(
     kernels share it) reports `run.physical`. Each kernel's CTAs (one per head) stream in head order
     under either schedule.
     """
+    run, _ = naive_forward(q, k, v, causal, causal_variant, scale, dtype, record_events=record_events,
+                           schedule=schedule, cache=cache, gpu=gpu, window=window)
+    return run
+
+
+def naive_forward(q, k, v, causal, causal_variant, scale, dtype, *, record_events=False, schedule="sequential",
+                  cache=None, gpu=DEFAULT_GPU, window=(-1, -1)) -> tuple[Run, HBM]:
+    """`naive_attention`'s run, and the HBM it leaves: S and P stay there for a backward to read."""
     causal = check_bool("causal", causal)
     record_events = check_bool("record_events", record_events)
     Q, K, V, scale = prepare_inputs(q, k, v, dtype, scale, causal_variant)
@@ -492,4 +504,4 @@ def naive_attention(
         flops_by_kind=machine.compute.flops_by_kind(),
         physical=hbm.l2.traffic() if hbm.l2 is not None else None,
         overflow=overflow,
-    )
+    ), hbm

@@ -250,6 +250,16 @@ class HBM:
         self._widen(tensor, index)
         self._count(self._written, tensor, target.nbytes, index)
 
+    def atomic_add(self, tensor: str, index: tuple, values: np.ndarray) -> None:
+        """Add `values` into `tensor[index]` by atomic adds: the SM sends the addends and the L2 does the
+        read-modify-write, so the ledger counts what the SM sends, a write of the addends (no read)."""
+        index = _basic_index(tensor, index)
+        target = self._stored(tensor)[index]  # a view: basic indexing
+        _check_values(tensor, values, target.shape)
+        target += values
+        self._widen(tensor, index)
+        self._count(self._written, tensor, target.nbytes, index)
+
     def read_where(self, tensor: str, stored: np.ndarray | None, fill: float, index: tuple = (...,)) -> np.ndarray:
         """Read the elements of `tensor[index]` where `stored` is True (None: all); the others come
         back as `fill`. For matrices a kernel stored only in part, such as the permitted triangle of causal S."""

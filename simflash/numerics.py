@@ -56,6 +56,55 @@ def reference_attention(q, k, v, causal: bool = False, causal_variant: str = "up
     return np.divide(E, l, out=np.zeros_like(E), where=l > 0) @ v  # rows with no visible key: 0
 
 
+@attrs.frozen(eq=False)
+class ReferenceGradients:
+    """The float64 gradients of attention, and beside each the same sum taken over absolute terms."""
+
+    dq: np.ndarray  # shape of q
+    dk: np.ndarray  # shape of k
+    dv: np.ndarray  # shape of v
+    # |dS| -> P o (|dP| + |D|), |K| for K, ...: the size of what is summed, which a float32 computation's
+    # roundoffs scale with even where the terms cancel (a row that sees one key has dS = 0 exactly)
+    dq_terms: np.ndarray
+    dk_terms: np.ndarray
+    dv_terms: np.ndarray
+
+
+def reference_attention_backward(q, k, v, do, causal: bool = False, causal_variant: str = "upper_left",
+                                 scale: float | None = None, dtype: str = "float16",
+                                 window: tuple[int, int] = (-1, -1)) -> ReferenceGradients:
+    """The analytic gradients of softmax attention in float64, on the storage-rounded inputs and output
+    gradient do. With S = scale Q K^T (-inf where masked), P = softmax(S), O = P V:
+
+        dV = P^T dO,  dP = dO V^T,  dS = P o (dP - D) with D = rowsum(dP o P),  dQ = scale dS K,
+        dK = scale dS^T Q.
+
+    Grouped-query k, v: computed for each query head on its group's K/V head, then dk and dv summed
+    over the group."""
+    q, k, v, do = (upcast(x, dtype) for x in (q, k, v, do))
+    group = q.shape[-3] // k.shape[-3] if q.ndim > 2 else 1
+    k_q, v_q = (np.repeat(x, group, axis=-3) for x in (k, v))  # each query head's K and V
+    n_q, n_kv, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    S = np.where(reference_mask(n_q, n_kv, causal, causal_variant, window), q @ k_q.swapaxes(-1, -2) * scale, -np.inf)
+    m = S.max(axis=-1, keepdims=True)
+    E = np.exp(S - np.where(np.isneginf(m), 0.0, m))
+    l = E.sum(axis=-1, keepdims=True)  # noqa: E741
+    P = np.divide(E, l, out=np.zeros_like(E), where=l > 0)  # rows with no visible key: 0
+    dP = do @ v_q.swapaxes(-1, -2)
+    D = (dP * P).sum(axis=-1, keepdims=True)
+    dS, dS_terms = P * (dP - D), P * (np.abs(dP) + np.abs(D))
+
+    def group_sum(x: np.ndarray) -> np.ndarray:
+        return x.reshape(*k.shape[:-3], k.shape[-3], group, n_kv, d).sum(axis=-3) if q.ndim > 2 else x
+
+    def gradients(dS, P, Q, K, dO) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return scale * dS @ K, group_sum(scale * dS.swapaxes(-1, -2) @ Q), group_sum(P.swapaxes(-1, -2) @ dO)
+
+    return ReferenceGradients(*gradients(dS, P, q, k_q, do), *gradients(dS_terms, P, np.abs(q), np.abs(k_q),
+                                                                      np.abs(do)))
+
+
 def relative_error(out, ref) -> float:
     """||out - ref|| / ||ref|| in float64 (absolute error when ref is all zeros)."""
     out, ref = np.asarray(out, dtype=np.float64), np.asarray(ref, dtype=np.float64)
@@ -118,7 +167,10 @@ class RuleCheck:
 
 def fa_rule(out, naive_out, ref, v) -> RuleCheck:
     """FlashAttention's test rule: `out`'s max error against the float64 `ref` is at most twice that of
-    naive attention (`naive_out`, same storage dtype), plus `fa_rule_atol(v)` (see ATOL_ROUNDOFFS)."""
+    naive attention (`naive_out`, same storage dtype), plus `fa_rule_atol(v)` (see ATOL_ROUNDOFFS).
+
+    v sets the output's scale: V for attention's output; for a gradient, the sum it takes over
+    absolute terms (`ReferenceGradients.dq_terms`, ...)."""
     return RuleCheck(max_abs_error(out, ref), max_abs_error(naive_out, ref), fa_rule_atol(v))
 
 

@@ -108,6 +108,21 @@ class TileSchedule:
         lo, hi = self.visible_cols(rows.start // self.pack, (rows.stop - 1) // self.pack)
         return range(lo // self.block_kv, hi // self.block_kv + 1) if lo <= hi else range(0)
 
+    def q_tiles(self, j: int) -> list[int]:
+        """Query tiles that visit KV tile j (the backward's inner loop): i with j in `kv_tiles(i)`."""
+        return list(self.q_range(j))
+
+    def q_range(self, j: int) -> range:
+        """`q_tiles(j)` as a range. Position p touches the columns [c0, c1] of tile j iff
+        p + off + right >= c0 and p + off - left <= c1; those positions are contiguous, and so are the
+        query tiles holding their (packed) rows."""
+        cols, off = self.kv_cols(j), self.diagonal_offset
+        first = 0 if self.right is None else max(0, cols.start - off - self.right)
+        last = self.n_q - 1 if self.left is None else min(self.n_q - 1, cols.stop - 1 - off + self.left)
+        if first > last:
+            return range(0)
+        return range(first * self.pack // self.block_q, ((last + 1) * self.pack - 1) // self.block_q + 1)
+
     def tile_kind(self, i: int, j: int) -> TileKind:
         if not (0 <= i < self.n_q_tiles and 0 <= j < self.n_kv_tiles):
             raise IndexError(f"tile (i={i}, j={j}) is outside the {self.n_q_tiles} x {self.n_kv_tiles} grid")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import numpy as np
@@ -19,8 +19,26 @@ __all__ = ["DEFAULT_TRACE_BUDGET_BYTES", "TRACE_LEVELS", "TileStep", "Trace", "T
 DEFAULT_TRACE_BUDGET_BYTES = 64 * MiB
 
 
+Step = TypeVar("Step")
+
+
+class StepSequence(Sequence[Step]):
+    """Recorded steps, read as a sequence: the class keeps them in its `steps` tuple."""
+
+    steps: tuple[Step, ...]
+
+    def __getitem__(self, index):  # type: ignore[override]
+        return self.steps[index]
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def __iter__(self) -> Iterator[Step]:
+        return iter(self.steps)
+
+
 @attrs.frozen(eq=False)
-class Trace(Sequence[TileStep]):
+class Trace(StepSequence[TileStep]):
     """The recorded steps of a run, in execution order, with the run's configuration.
 
     A split-KV run (Flash-Decoding) also records its combine's weights exp(LSE_s - LSE):
@@ -31,15 +49,6 @@ class Trace(Sequence[TileStep]):
     steps: tuple[TileStep, ...] = ()
     config: Mapping[str, Any] = attrs.field(factory=dict)
     combine_weights: np.ndarray | None = None
-
-    def __getitem__(self, index):  # type: ignore[override]
-        return self.steps[index]
-
-    def __len__(self) -> int:
-        return len(self.steps)
-
-    def __iter__(self) -> Iterator[TileStep]:
-        return iter(self.steps)
 
     def of_tile(self, i: int, head: int = 0) -> list[TileStep]:
         """The steps of query tile i, in the order its KV tiles were visited."""

@@ -1,7 +1,11 @@
 """`simflash run` and `simflash bench` on small sizes (the defaults are the lesson's N = 4096)."""
 
 import json
+import re
+import shlex
+from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from simflash.cli import app
@@ -77,3 +81,43 @@ def test_bare_loops_compute_attention():
     ref = reference_attention(q, k, v)
     for out in (bare_tiled_attention(q, k, v, 64, 48, 0.25), plain_attention(q, k, v, 0.25)):
         assert out.dtype == np.float16 and relative_error(out, ref) < 2e-3
+
+
+def test_run_backward_prints_both_passes_and_what_each_forward_keeps():
+    result = runner.invoke(app, ["run", "--backward", "--n", "256", "--d", "32", "--backward-block-q", "32",
+                                 "--backward-block-kv", "64"])
+    assert result.exit_code == 0, result.output
+    text = flat(result.output)
+    assert "fa2, causal" in text and "flash2_backward_preprocess" in text and "softmax_backward" in text
+    assert "naive, S + P (the lesson's count), all layers: 256.00 MiB" in text  # 32 x 32 heads x 2 x 256^2 x 2 B
+    assert "recomputing S" in text
+
+
+def test_run_backward_json_carries_exact_bytes_and_checks():
+    result = runner.invoke(app, ["run", "--backward", "--n", "300", "--d", "16", "--heads", "2", "--dtype",
+                                 "bfloat16", "--block-q", "64", "--block-kv", "48", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    rows = {row["name"]: row for row in doc["rows"]}
+    assert all(row["model_matches"] and row["passed"] for row in rows.values())
+    naive = rows["naive, unmasked"]
+    assert naive["kept_bytes"] == 2 * 300 * 300 * 2  # P of two heads
+    assert naive["backward"]["total_bytes"] == 2 * (7 * 300 * 300 * 2 + 8 * 300 * 16 * 2)
+    assert rows["fa2, unmasked"]["kept_bytes"] == 2 * (300 * 16 * 2 + 300 * 4)  # O and L
+    assert {f["scope"] for f in doc["kept_for_backward"]} >= {"FA-2, O + L, all layers"}
+
+
+def test_run_backward_reports_bad_tiles():
+    result = runner.invoke(app, ["run", "--backward", "--backward-block-q", "0"])
+    assert result.exit_code != 0 and "--backward-block-q: must be a positive integer" in flat(result.output)
+
+
+@pytest.mark.slow
+def test_the_backward_page_shows_what_simflash_run_backward_prints():
+    """docs/backward.md quotes `simflash run --backward` in a console block and its output in the text block after it."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "backward.md").read_text()
+    match = re.search(r"```console\n\$ simflash (run --backward[^\n]*)\n```\n\n```text\n(.*?)\n```", page, re.S)
+    assert match, "docs/backward.md has no console block with `simflash run --backward` followed by its output"
+    result = runner.invoke(app, shlex.split(match[1]))
+    assert result.exit_code == 0, result.output
+    assert result.output.strip("\n") == match[2]

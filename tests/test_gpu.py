@@ -38,12 +38,14 @@ def _inputs(rng, heads, n_q, n_kv, d):
             rng.standard_normal((heads, n_kv, d), dtype=np.float32))
 
 
+@pytest.mark.parametrize("version", list(flash2.VERSIONS))
 @pytest.mark.parametrize(("n_q", "n_kv", "d", "causal", "variant", "dtype", "block_q", "block_kv"), CASES)
-def test_fa2_kernel_matches_reference_simulator_and_model(rng, n_q, n_kv, d, causal, variant, dtype, block_q, block_kv):
+def test_fa2_kernel_matches_reference_simulator_and_model(rng, n_q, n_kv, d, causal, variant, dtype, block_q, block_kv,
+                                                          version):
     q, k, v = _inputs(rng, 2, n_q, n_kv, d)
     common = dict(causal=causal, causal_variant=variant, dtype=dtype)
     tile = sf.TileSchedule(n_q, n_kv, block_q, block_kv).n_q_tiles - 1
-    run = flash2.flash_attention(q, k, v, block_q, block_kv, **common, trace_head=1, trace_tile=tile)
+    run = flash2.flash_attention(q, k, v, block_q, block_kv, **common, trace_head=1, trace_tile=tile, version=version)
     sim = sf.flash_attention(q, k, v, block_q, block_kv, **common, trace_heads=[1], trace_tiles=[tile])
     ref = reference_attention(q, k, v, causal, variant, dtype=dtype)
 
@@ -59,10 +61,12 @@ def test_fa2_kernel_matches_reference_simulator_and_model(rng, n_q, n_kv, d, cau
         np.testing.assert_allclose(mine.l, theirs.l, rtol=1e-3)
 
 
-def test_timed_build_writes_the_same_bits_and_counts_nothing(rng):
+@pytest.mark.parametrize("version", list(flash2.VERSIONS))
+def test_timed_build_writes_the_same_bits_and_counts_nothing(rng, version):
     q, k, v = _inputs(rng, 3, 257, 190, 64)
-    counted = flash2.flash_attention(q, k, v, causal=True, causal_variant="lower_right")
-    timed = flash2.flash_attention(q, k, v, causal=True, causal_variant="lower_right", instrumented=False)
+    counted = flash2.flash_attention(q, k, v, causal=True, causal_variant="lower_right", version=version)
+    timed = flash2.flash_attention(q, k, v, causal=True, causal_variant="lower_right", instrumented=False,
+                                   version=version)
     assert np.array_equal(counted.out.view(np.uint16), timed.out.view(np.uint16))
     assert timed.traffic is None and counted.traffic.total_bytes > 0
 
@@ -127,7 +131,7 @@ def test_fa2_kernel_takes_grouped_query_heads_and_windows(rng, kv_heads, pack_gq
                           (2, 4, 8, 1, False, (8, 4096), True, (-1, -1), 128)])
 def test_flash_decoding_kernels_match_reference_simulator_and_model(rng, batch, kv_heads, n_q, num_splits, pack_gqa,
                                                                     cache_seqlens, causal, window, d):
-    from simflash.backends.flash_decoding import flash_decoding, split_schedule
+    from simflash.backends.decoding import flash_decoding, split_schedule
 
     q = rng.standard_normal((batch, 8, n_q, d), dtype=np.float32)
     k, v = (rng.standard_normal((batch, kv_heads, 4096, d), dtype=np.float32) for _ in range(2))

@@ -1,10 +1,12 @@
 """Where a wrong FA-2 kernel goes wrong, on tiny inputs: the probabilities P alone (V = identity, so
 O = P), then the full output, printed as the worst rows and columns.
 
-    python3 benchmarks/gpu/diagnose.py
+    python3 benchmarks/gpu/diagnose.py [VERSION]    (the kernel version, default v1)
 """
 
 from __future__ import annotations
+
+import sys
 
 import numpy as np
 
@@ -24,7 +26,7 @@ def show(label: str, out: np.ndarray, ref: np.ndarray) -> None:
         print(f"  row {r} ref {np.round(ref[r, :12], 3).tolist()}")
 
 
-def main() -> None:
+def main(version: str = "v1") -> None:
     rng = np.random.default_rng(1)
     for d, n, causal in ((64, 64, False), (64, 64, True), (128, 128, False), (64, 40, False)):
         q = rng.standard_normal((1, n, d), dtype=np.float32)
@@ -32,11 +34,11 @@ def main() -> None:
         eye = np.zeros((1, n, d), dtype=np.float32)
         eye[0, np.arange(min(n, d)), np.arange(min(n, d))] = 1.0
         for label, v in (("P (V = I)", eye), ("O", rng.standard_normal((1, n, d), dtype=np.float32))):
-            run = flash2.flash_attention(q, k, v, causal=causal, block_q=64, block_kv=32)
+            run = flash2.flash_attention(q, k, v, causal=causal, block_q=64, block_kv=32, version=version)
             ref = reference_attention(q, k, v, causal)
             show(f"d={d} n={n} causal={causal} {label}", run.out[0], ref[0])
             print(f"  bytes {run.traffic.to_dict()['by_tensor']}")
 
 
 if __name__ == "__main__":
-    main()
+    main(*sys.argv[1:])

@@ -1,4 +1,5 @@
-"""GPU commands: `simflash gpu info | validate | profile | bench | decode-bench | sdpa-check | sanitize | report`.
+"""GPU commands: `simflash gpu info | validate | profile | bench | kernel-profile | decode-bench | sdpa-check |
+sanitize | report`.
 
 All but `report` need CuPy and an NVIDIA GPU (profile: Nsight Compute's ncu; sanitize:
 compute-sanitizer; bench and sdpa-check: PyTorch for SDPA). `report` prints the Markdown tables of
@@ -71,12 +72,26 @@ def info(as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = Fals
                                                                    "local bytes", "shared bytes"], rows))])
 
 
+KERNEL_HELP = "FA-2 kernel version(s): v1 (flash2_forward.cu), v2 (flash2_forward_v2.cu)."
+
+
+def _versions(text: str) -> tuple[str, ...]:
+    from simflash.backends.flash2 import VERSIONS
+
+    versions = tuple(item.strip() for item in text.split(",") if item.strip())
+    unknown = [v for v in versions if v not in VERSIONS]
+    if unknown or not versions:
+        raise typer.BadParameter(f"expected versions from {list(VERSIONS)}, got {text!r}", param_hint="--kernel")
+    return versions
+
+
 @gpu_app.command()
 def validate(
     suite: Annotated[str, typer.Option(help="Comma-separated: fa2 (the FA-2 grid), gqa-window (grouped-query heads "
                                             "and sliding windows), decode (Flash-Decoding).")] = "fa2,gqa-window,decode",
     quick: Annotated[bool, typer.Option(help="A few small configurations instead of the full fa2 sweep.")] = False,
     seed: Annotated[int | None, typer.Option(help="Input seed (default: fresh, and recorded).", min=0)] = None,
+    kernel: Annotated[str, typer.Option(help="The FA-2 kernel version to check: v1 or v2.")] = "v1",
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
     save: Annotated[Path | None, typer.Option(help=SAVE_HELP)] = None,
 ) -> None:
@@ -85,12 +100,19 @@ def validate(
     from simflash.backends import validate as checks
     from simflash.backends.kernels import device_info
 
+    versions = _versions(kernel)
+    if len(versions) != 1:
+        raise typer.BadParameter(f"validate checks one version per run, got {kernel!r}", param_hint="--kernel")
+    version = versions[0]
     with user_errors():
         configs, decode = checks.suite_configs(tuple(name.strip() for name in suite.split(",") if name.strip()), quick)
         device = device_info()
+        if version != "v1":  # a later version runs the FA-2 grid it is built for: no windows, grouped heads, decode
+            configs, decode = checks.version_configs(version, quick), []
         console = make_console(stderr=True)
         result = checks.validate(configs, seed, progress=None if as_json else
-                                 lambda r: console.print(("ok  " if r["ok"] else "FAIL ") + _label(r)), decode=decode)
+                                 lambda r: console.print(("ok  " if r["ok"] else "FAIL ") + _label(r)), decode=decode,
+                                 version=version)
     result = {"command": _command_line(), "device": device, **result}
     tables = [("GPU vs float64 reference vs simulator", report.validate_table(result)),
               ("grouped-query heads and windows", report.gqa_window_table(result))]
@@ -164,6 +186,23 @@ def calibrate(
     typer.echo(f"{len(result['configs'])} configurations measured ({cache})")
 
 
+def _tiles(text: str) -> tuple[tuple[int, ...], ...]:
+    try:
+        return tuple(tuple(int(x) for x in shape.split("x")) for shape in text.split(","))
+    except ValueError:
+        raise typer.BadParameter(f"expected shapes like 128x64,64x64, got {text!r}", param_hint="--tiles") from None
+
+
+def _bench_configs(n: str, d: str, heads: int, causal: str) -> list:
+    from simflash.backends.bench import BenchConfig
+
+    masks = {"no": (False,), "yes": (True,), "both": (False, True)}
+    if causal not in masks:
+        raise typer.BadParameter(f"expected one of {list(masks)}, got {causal!r}", param_hint="--causal")
+    return [BenchConfig(size, dim, heads, mask) for dim in _ints("d", d) for size in _ints("n", n)
+            for mask in masks[causal]]
+
+
 @gpu_app.command()
 def bench(
     n: Annotated[str, typer.Option(help="Sequence lengths, comma-separated.", metavar="<int>[,<int>...]")] = "1024,4096,16384",
@@ -171,6 +210,7 @@ def bench(
     heads: Annotated[int, typer.Option(help="Heads (batch 1).")] = 32,
     causal: Annotated[str, typer.Option(help="no, yes or both.")] = "both",
     tiles: Annotated[str, typer.Option(help="FA-2 tile shapes B_rxB_c to time; the first is the headline.")] = "128x64",
+    kernel: Annotated[str, typer.Option(help=KERNEL_HELP + " Comma-separated; the first is the headline.")] = "v1",
     naive_max_n: Annotated[int, typer.Option(help="Time the naive path only up to this N.")] = 16384,
     math_max_n: Annotated[int, typer.Option(help="Compare against SDPA's math backend only up to this N.")] = 4096,
     dram_from: Annotated[Path | None, typer.Option(help="A saved `gpu profile --save` result: DRAM bytes / time "
@@ -181,21 +221,15 @@ def bench(
 ) -> None:
     """FA-2 kernel vs PyTorch SDPA flash (fp16, B=1): TFLOP/s, % of peak, bandwidth, max-abs vs math."""
     from simflash.backends import report
-    from simflash.backends.bench import BenchConfig, dram_by_config
     from simflash.backends.bench import bench as run_bench
+    from simflash.backends.bench import dram_by_config
     from simflash.backends.kernels import device_info
 
-    masks = {"no": (False,), "yes": (True,), "both": (False, True)}
-    if causal not in masks:
-        raise typer.BadParameter(f"expected one of {list(masks)}, got {causal!r}", param_hint="--causal")
-    try:
-        shapes = tuple(tuple(int(x) for x in shape.split("x")) for shape in tiles.split(","))
-    except ValueError:
-        raise typer.BadParameter(f"expected shapes like 128x64,64x64, got {tiles!r}", param_hint="--tiles") from None
+    versions = _versions(kernel)
+    shapes = _tiles(tiles)
     with user_errors():
         dram = dram_by_config(json.loads(dram_from.read_text())) if dram_from is not None else {}
-        configs = [BenchConfig(size, dim, heads, mask) for dim in _ints("d", d) for size in _ints("n", n)
-                   for mask in masks[causal]]
+        configs = _bench_configs(n, d, heads, causal)
         device = device_info()
         console = make_console(stderr=True)
 
@@ -205,10 +239,42 @@ def bench(
                           f"{next(iter(row['fa2'].values()))['tflops']:.1f} TFLOP/s")
 
         rows = run_bench(configs, seed, progress=None if as_json else progress, dram=dram, tiles=shapes,
-                         naive_max_n=naive_max_n, math_max_n=math_max_n)
+                         naive_max_n=naive_max_n, math_max_n=math_max_n, versions=versions)
     result = {"command": _command_line(), "device": device, "rows": rows}
     _emit(result, as_json, save, [("FA-2 kernel vs SDPA flash, fp16, B=1", report.bench_table(rows)),
-                                  ("FA-2 by tile shape", report.tiles_table(rows))])
+                                  ("FA-2 by tile shape", report.tiles_table(rows)),
+                                  ("FA-2 kernel versions vs SDPA, fp16, B=1", report.versions_table(rows))])
+
+
+@gpu_app.command("kernel-profile")
+def kernel_profile(
+    n: Annotated[str, typer.Option(help="Sequence lengths, comma-separated.", metavar="<int>[,<int>...]")] = "4096,16384",
+    d: Annotated[str, typer.Option(help="Head dims, comma-separated.", metavar="<int>[,<int>...]")] = "64,128",
+    heads: Annotated[int, typer.Option(help="Heads (batch 1).")] = 32,
+    causal: Annotated[str, typer.Option(help="no, yes or both.")] = "both",
+    kernel: Annotated[str, typer.Option(help=KERNEL_HELP + " Comma-separated.")] = "v1,v2",
+    tiles: Annotated[str, typer.Option(help="The one tile shape B_rxB_c every version runs.")] = "128x64",
+    seed: Annotated[int, typer.Option(help="Input seed.", min=0)] = 0,
+    raw_csv: Annotated[Path | None, typer.Option(help="Also keep ncu's CSV report here.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
+    save: Annotated[Path | None, typer.Option(help=SAVE_HELP)] = None,
+) -> None:
+    """Each kernel version and SDPA flash under Nsight Compute: tensor pipe, shared memory, occupancy, time."""
+    from simflash.backends import report
+    from simflash.backends.kernel_profile import profile_versions
+    from simflash.backends.kernels import device_info
+
+    versions = _versions(kernel)
+    shapes = _tiles(tiles)
+    if len(shapes) != 1 or len(shapes[0]) != 2:
+        raise typer.BadParameter(f"expected one shape like 128x64, got {tiles!r}", param_hint="--tiles")
+    with user_errors():
+        configs = _bench_configs(n, d, heads, causal)
+        device = device_info()
+        result = {"command": _command_line(), "device": device,
+                  **profile_versions(configs, versions, shapes[0], seed, raw_csv)}
+    _emit(result, as_json, save, [("kernel versions under ncu (caches flushed before each kernel)",
+                                   report.kernel_profile_table(result))])
 
 
 @gpu_app.command("decode-bench")

@@ -1,4 +1,5 @@
-"""`simflash run`: naive vs tiled attention, unmasked and causal, with the measured HBM ledgers."""
+"""`simflash run`: naive vs tiled attention, unmasked and causal, with the measured HBM ledgers;
+`simflash run --backward`: forward + backward, naive against FlashAttention-2 (simflash.commands.run_backward)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from rich.table import Table
 
 import simflash as sf
 from simflash.commands import make_console
+from simflash.commands.run_backward import compare_backward, print_backward
 from simflash.algorithms import FLASH_ALGORITHMS
 from simflash.config import MiB, STORAGE_DTYPES, check_positive_int, storage_dtype
+from simflash.model.footprint import backward_retention
 from simflash.numerics import RELATIVE_TOLERANCE, reference_attention, relative_error, within_tolerance
 
 
@@ -199,8 +202,17 @@ def run(
     write_logsumexp: Annotated[bool, typer.Option(
         "--write-logsumexp", help="Tiled variants also write the logsumexp L (FlashAttention-2's kernel always does: "
                                   "+4 bytes per query row).")] = False,
+    backward: Annotated[bool, typer.Option(
+        "--backward", help="Forward + backward instead: naive (P kept for the backward) against FA-2 (O and L kept, "
+                           "P recomputed), traffic and FLOPs of each pass, gradients against float64. FA-2's "
+                           "forward always writes L here; --fa1-o-accum and --write-logsumexp do not apply.")] = False,
+    backward_block_q: Annotated[int, typer.Option(help="With --backward: the backward's query tile rows B_r.")] = 64,
+    backward_block_kv: Annotated[int, typer.Option(help="With --backward: the backward's KV tile rows B_c.")] = 128,
 ) -> None:
     """Run naive and tiled attention (unmasked and causal) and print the lesson's traffic table."""
+    if backward:
+        _run_backward(n, d, dtype, block_q, block_kv, backward_block_q, backward_block_kv, heads, seed, as_json)
+        return
     console = make_console(stderr=as_json)
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                   console=console, transient=True) as progress:
@@ -213,6 +225,25 @@ def run(
     else:
         _print_tables(console, rows, n, d, dtype, block_q, block_kv, heads, fa1_o_accum)
     if not all(r.passed is not False and r.model_matches is not False for r in rows):
+        raise typer.Exit(1)
+
+
+def _run_backward(n: int, d: int, dtype: str, block_q: int, block_kv: int, backward_block_q: int,
+                  backward_block_kv: int, heads: int, seed: int, as_json: bool) -> None:
+    console = make_console(stderr=as_json)
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                  console=console, transient=True) as progress:
+        rows = compare_backward(n, d, dtype, block_q, block_kv, backward_block_q, backward_block_kv, heads, seed,
+                                progress)
+    if as_json:
+        print(json.dumps({"n": n, "d": d, "dtype": dtype, "block_q": block_q, "block_kv": block_kv,
+                          "backward_block_q": backward_block_q, "backward_block_kv": backward_block_kv,
+                          "heads": heads, "seed": seed, "rows": [r.to_dict() for r in rows],
+                          "kept_for_backward": [attrs.asdict(f) for f in backward_retention(n, d, dtype=dtype)]},
+                         indent=2))
+    else:
+        print_backward(console, rows, n, d, dtype, block_q, block_kv, backward_block_q, backward_block_kv, heads)
+    if not all(r.passed and r.model_matches for r in rows):
         raise typer.Exit(1)
 
 

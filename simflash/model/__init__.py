@@ -2,6 +2,7 @@
 
 from simflash.model import physical
 from simflash.model.amdahl import amdahl, attention_flop_share, project, sensitivity
+from simflash.model.backward import backward_flops_by_kind, flash_backward_traffic, naive_backward_traffic
 from simflash.model.decode import (
     decode_launch,
     flash_decoding_flops,
@@ -25,9 +26,10 @@ from simflash.model.traffic import (
 
 __all__ = [
     "FLASH_TRAFFIC", "INTENSITY_MODELS", "amdahl", "attention_flop_share", "attention_flops", "attribute",
-    "conclusion", "decode_launch", "fa1_tile_sizes", "flash_decoding_flops", "flash_decoding_traffic",
-    "flash_traffic", "flops_by_kind", "fused_footprints", "idealized_causal_naive_traffic", "intensity_table",
-    "intermediate_footprints", "kv_passes", "load_scenario", "naive_traffic", "num_splits_heuristic",
-    "parse_scenario", "permitted_entries", "predict_decode", "project", "render_report", "roof", "sensitivity",
-    "short_sequence", "traffic_vs_n", "traffic_vs_sram",
+    "backward_flops_by_kind", "conclusion", "decode_launch", "fa1_tile_sizes", "flash_backward_traffic",
+    "flash_decoding_flops", "flash_decoding_traffic", "flash_traffic", "flops_by_kind", "fused_footprints",
+    "idealized_causal_naive_traffic", "intensity_table", "intermediate_footprints", "kv_passes", "load_scenario",
+    "naive_backward_traffic", "naive_traffic", "num_splits_heuristic", "parse_scenario", "permitted_entries",
+    "predict_decode", "project", "render_report", "roof", "sensitivity", "short_sequence", "traffic_vs_n",
+    "traffic_vs_sram",
 ]

@@ -50,6 +50,32 @@ def intermediate_footprints(
     ]
 
 
+def backward_retention(
+    n: int = 4096, d: int = 128, heads: int = 32, layers: int = 32, dtype: str = "float16",
+) -> list[Footprint]:
+    """What each forward keeps in HBM for its backward besides Q, K, V (which both keep), unmasked: per
+    head, and over every layer's heads with no activation checkpointing (the lesson's section 1.2 scale).
+
+    The lesson's 64.0 GiB counts an implementation that saves both S and P; the softmax's backward
+    needs only P (dS = P o (dP - rowsum(dP o P))), which is what simflash's naive backward reads.
+    FlashAttention-2 keeps the output O and the logsumexp L, and recomputes P from them."""
+    heads, layers = check_positive_int("heads", heads), check_positive_int("layers", layers)
+    naive = naive_traffic(n, d, dtype).by_tensor
+    fused = flash_traffic(n, d, dtype=dtype, write_logsumexp=True).by_tensor
+    kept = {
+        "naive, S + P (the lesson's count)": (naive["S"].write_bytes + naive["P"].write_bytes, f"N x N each, {dtype}"),
+        "naive, P (what its backward reads)": (naive["P"].write_bytes, f"N x N, {dtype}"),
+        "FA-2, O + L": (fused["O"].write_bytes + fused["L"].write_bytes, f"O N x d in {dtype}, L N in float32"),
+    }
+    footprints = []
+    for what, (per_head, sizes) in kept.items():
+        footprints.append(Footprint(f"{what}, one head", f"{sizes}, N = {n}, d = {d}", per_head))
+        footprints.append(Footprint(f"{what}, all layers",
+                                    f"no activation checkpointing: {layers} layers x {heads} heads kept for backprop",
+                                    layers * heads * per_head))
+    return footprints
+
+
 def cta_on_chip(d: int = 128, block_q: int = 128, block_kv: int = 64, dtype: str = "float16",
                 gpu: str = "H200", kv_stages: int = 2) -> OnChipStats:
     """Peak shared-memory tiles and register state of one CTA, measured by simulating one query tile

@@ -1,0 +1,200 @@
+"""The FA-2 kernel's numbered versions, CPU side: the registry, version 2's configurations, its nvcc
+build for sm_90, its once-per-configuration setup, and the committed H200 results of the versions
+(validation, bench, Nsight Compute) against the simulator's closed forms and docs/gpu.md."""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+import simflash as sf
+from simflash.backends import flash2, flash2_v2, report, validate
+from simflash.backends.flash2_v2 import Flash2V2Kernel
+from simflash.backends.kernels import kernel_source
+from simflash.cli import app
+from simflash.memory import Flow, Traffic
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "gpu"
+SIGNATURE = ("(const storage_t*, const storage_t*, const storage_t*, storage_t*, int, int, float, int, int, "
+             "u64*, int, int, float*, float*)")
+
+
+def _load(name: str) -> dict:
+    return json.loads((RESULTS / name).read_text())
+
+
+def test_every_version_is_a_kernel_class_with_its_own_source():
+    assert list(flash2.VERSIONS) == ["v1", "v2"]
+    text = kernel_source(flash2_v2.SOURCE)
+    assert "__global__ void __launch_bounds__(B_r, 2) flash2_forward_v2" in text and '#include "' not in text
+    assert Flash2V2Kernel("bfloat16", 128, 64, 128, instrumented=True).name_expression == \
+        "flash2_forward_v2<1, 128, 64, 128, true>"
+    with pytest.raises(ValueError, match=r"^version must be one of \['v1', 'v2'\], got 'v3'"):
+        flash2.kernel_version("v3")
+
+
+def test_version_2_has_one_warp_per_32_rows_and_single_padded_buffers():
+    kernel = Flash2V2Kernel("float16", 128, 64, 128)
+    assert kernel.threads == 128  # 4 warps
+    assert kernel.shared_bytes == (128 + 64 + 64) * (128 + 8) * 2  # Q_i, K_j, V_j; rows padded by 8 values
+    # two CTAs per SM: the H200 offers 228 KiB of shared memory per SM, 1 KiB of it reserved per CTA
+    assert 2 * (Flash2V2Kernel("float16", 128, 128, 128).shared_bytes + 1024) <= 228 * 1024
+
+
+@pytest.mark.parametrize(("change", "argument"), [(dict(d=256), "d"), (dict(block_q=32), "block_q"),
+                                                  (dict(block_kv=48), "block_kv"), (dict(dtype="float32"), "dtype")])
+def test_version_2_refuses_what_it_is_not_built_for_before_touching_cupy(monkeypatch, change, argument):
+    monkeypatch.setitem(sys.modules, "cupy", None)
+    kwargs = dict(block_q=128, block_kv=64, dtype="float16") | change
+    q = np.ones((1, 8, kwargs.pop("d", 64)), dtype=np.float32)
+    with pytest.raises(ValueError, match=rf"^{argument} must be one of"):
+        flash2.flash_attention(q, q, q, **kwargs, version="v2")
+    q64 = np.ones((1, 8, 64), dtype=np.float32)
+    with pytest.raises(ValueError, match="version must be one of"):
+        flash2.flash_attention(q64, q64, q64, version="v0")
+
+
+def test_the_function_is_set_up_once_so_a_timed_launch_queries_nothing(monkeypatch):
+    calls = []
+
+    class Function:
+        preferred_shared_memory_carveout = None
+
+    def fit(kernel, dynamic_bytes, what):
+        calls.append(dynamic_bytes)
+        return kernel
+
+    monkeypatch.setattr(flash2_v2, "compiled", lambda source, name: Function())
+    monkeypatch.setattr(flash2_v2, "_fit_shared", fit)
+    flash2_v2._function.cache_clear()
+    kernel = Flash2V2Kernel("float16", 128, 64, 64)
+    first = kernel.function()
+    assert all(kernel.function() is first for _ in range(3))
+    assert calls == [kernel.shared_bytes] and first.preferred_shared_memory_carveout == 100
+    flash2_v2._function.cache_clear()
+
+
+def test_version_2_is_validated_on_its_tiles_at_both_head_dims():
+    configs = validate.version_configs("v2")
+    tiles = {(c.d, c.block_q, c.block_kv) for c in configs}
+    assert {(d, 128, block_kv) for d in (64, 128) for block_kv in (64, 128)} <= tiles
+    assert all(c.d in (64, 128) for c in configs)
+    assert {(c.causal, c.causal_variant) for c in configs} == set(validate.MASKS)
+    assert validate.version_configs("v1") == validate.default_configs()
+
+
+def test_the_gpu_commands_refuse_an_unknown_version():
+    runner = CliRunner()
+    for args in (["gpu", "bench", "--kernel", "v1,v9"], ["gpu", "kernel-profile", "--kernel", "v9"],
+                 ["gpu", "validate", "--kernel", "v1,v2"]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2 and "--kernel" in result.output
+
+
+# Without spills where a warp's 32 rows leave room (d = 64 with B_c <= 64, B_c = 32 at d = 128). At
+# FA-2's own tile shapes the accumulator (128 registers at d = 128) and the scores (64) fill the
+# register file, and ptxas spills a few values (the per-thread row sums, once per KV tile), as
+# FlashAttention-2's own 128x64, d = 128 kernel does.
+SPILL_FREE = [(dt, 128, 64, 64, b) for dt in (0, 1) for b in ("false", "true")] + [
+    (0, 128, 32, 64, "false"), (0, 64, 64, 64, "false"), (0, 128, 32, 128, "false")]
+SPILLING = [(0, 128, 64, 128, "false"), (1, 128, 64, 128, "false"), (0, 128, 128, 64, "false")]
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed on this machine")
+def test_nvcc_builds_version_2_for_sm90(tmp_path):
+    package = Path(str(importlib.resources.files("simflash.backends")))
+    unit = tmp_path / "unit.cu"
+    kernels = SPILL_FREE + SPILLING
+    unit.write_text(f'#include "{flash2_v2.SOURCE}"\n' + "\n".join(
+        f"template __global__ void flash2_forward_v2<{dt}, {bq}, {bc}, {d}, {b}>{SIGNATURE};"
+        for dt, bq, bc, d, b in kernels) + "\n")
+    done = subprocess.run(["nvcc", "-arch=sm_90", "-std=c++17", "-cubin", "-Xptxas", "-v", f"-I{package}", "-o",
+                           str(tmp_path / "unit.cubin"), str(unit)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = re.findall(r"flash2_forward_v2ILi(\d)ELi(\d+)ELi(\d+)ELi(\d+)ELb(\d)E.*?\n.*?(\d+) bytes spill stores",
+                       done.stderr)
+    stores = {(int(dt), int(bq), int(bc), int(d), "true" if b == "1" else "false"): int(n)
+              for dt, bq, bc, d, b, n in found}
+    assert set(stores) == set(kernels), done.stderr[-3000:]
+    assert all(stores[k] == 0 for k in SPILL_FREE), stores
+    assert all(0 < stores[k] <= 172 for k in SPILLING), stores  # FA-2's own 128x64, d = 128 build: 172
+
+
+def _traffic(rows: list[list]) -> Traffic:
+    return Traffic({(kernel, tensor): Flow(read, write) for kernel, tensor, read, write in rows})
+
+
+def test_the_committed_validation_of_version_2_passes_with_the_closed_form_bytes():
+    result = _load("validate_v2.json")
+    assert result["kernel"] == "v2" and result["device"]["name"] == "NVIDIA H200"
+    assert result["command"].startswith("simflash gpu validate --kernel v2")
+    assert result["all_ok"] and all(validate.passed(record) for record in result["records"])
+    configs = [r["config"] for r in result["records"]]
+    square = {(c["n_q"], c["d"], c["causal"], c["causal_variant"], c["dtype"]) for c in configs if c["n_q"] == c["n_kv"]}
+    assert square >= {(n, d, *mask, dtype) for n in (1, 17, 128, 1000, 4096) for d in (64, 128)
+                      for mask in validate.MASKS for dtype in ("float16", "bfloat16")}
+    tiles = {(c["d"], c["block_q"], c["block_kv"], c["causal_variant"] if c["causal"] else "full") for c in configs}
+    assert tiles >= {(d, 128, block_kv, mask) for d in (64, 128) for block_kv in (64, 128)
+                     for mask in ("full", "upper_left", "lower_right")}
+    for record in result["records"]:
+        c = record["config"]
+        assert record["resources"]["kernel"].startswith("flash2_forward_v2<")
+        model = sf.model.flash_traffic(c["n_q"], c["d"], c["block_q"], c["block_kv"], c["dtype"], c["causal"],
+                                       n_kv=c["n_kv"], heads=c["heads"], causal_variant=c["causal_variant"])
+        assert _traffic(record["traffic"]["instrumented"]) == model, c
+
+
+def test_the_committed_bench_times_every_version_against_sdpa_in_one_process():
+    result = _load("bench_versions.json")
+    assert result["command"].startswith("simflash gpu bench --kernel v1,v2")
+    grid = set()
+    for row in result["rows"]:
+        c = row["config"]
+        grid.add((c["n"], c["d"], c["causal"]))
+        flops = 4 * c["heads"] * c["n"] ** 2 * c["d"] // (2 if c["causal"] else 1)
+        assert row["flops"] == flops and set(row["versions"]) == {"v1", "v2"}
+        assert row["fa2"] == row["versions"]["v1"]
+        timings = [*(t for tiles in row["versions"].values() for t in tiles.values()),
+                   row["sdpa_flash"], row["sdpa_cudnn"], row["sdpa_efficient"]]
+        for timing in timings:
+            assert timing["tflops"] == pytest.approx(flops / (timing["ms"] / 1e3) / 1e12, rel=1e-9)
+            assert timing["min_ms"] <= timing["ms"] <= timing["max_ms"]
+        if "max_abs_vs_sdpa_math" in row:  # N = 4096: every output against SDPA's math backend
+            assert max(row["max_abs_vs_sdpa_math"].values()) < 4e-3
+    assert grid == {(n, d, causal) for n in (4096, 16384) for d in (64, 128) for causal in (False, True)}
+
+
+def test_the_committed_profile_shows_what_each_lever_changed():
+    result = _load("kernel_profile.json")
+    assert result["ncu_command"].startswith("ncu --clock-control none --cache-control all")
+    assert not result["metrics_missing"]
+    by = {}
+    for row in result["rows"]:
+        c = row["config"]
+        by[c["n"], c["d"], c["causal"], row["kernel"]] = row
+    for n in (4096, 16384):
+        for d in (64, 128):
+            for causal in (False, True):
+                v1, v2 = by[n, d, causal, "v1"], by[n, d, causal, "v2"]
+                # 32 rows per warp: each K/V fragment serves twice the rows, so fewer shared wavefronts
+                assert v2["shared_wavefronts"] < 0.7 * v1["shared_wavefronts"]
+                # and the tensor pipe is busier, in less time
+                assert v2["tensor_active_pct"] > v1["tensor_active_pct"] and v2["time_ns"] < v1["time_ns"]
+                assert (n, d, causal, "sdpa_flash") in by
+
+
+def test_docs_show_the_versions_tables():
+    page = (REPO / "docs" / "gpu.md").read_text()
+    tables = report.tables(report.load(RESULTS))
+    for name in ("versions", "kernel_profile", "validate_v2", "resources_v2"):
+        assert report.markdown(tables[name]) in page, f"docs/gpu.md lacks the current {name} table"
