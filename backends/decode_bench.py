@@ -19,10 +19,6 @@ combine kernels of a few configurations under Nsight Compute (decode_ncu_target.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import attrs
@@ -31,9 +27,9 @@ import numpy as np
 import simflash as sf
 from simflash.backends.bench import time_ms
 from simflash.backends.flash2 import launch, poisoned_output
-from simflash.backends.flash_decoding import DecodePath, split_schedule
+from simflash.backends.decoding import DecodePath, split_schedule
 from simflash.backends.kernels import DECODE_BLOCK_KV, Flash2Kernel, import_cupy
-from simflash.backends.profile import find_ncu, parse_ncu_csv
+from simflash.backends.profile import find_ncu, run_ncu
 from simflash.backends.validate import ledger_rows
 from simflash.schedule import TileSchedule
 
@@ -225,20 +221,8 @@ def profile(configs: list[dict], seed: int = 0, raw_csv: Path | None = None) -> 
     """The split and combine kernels of each configuration under ncu (clocks left alone, caches flushed
     before each kernel): DRAM bytes read and written, L2 bytes, duration; beside the bytes the
     instrumented build counted."""
-    ncu = find_ncu()
-    with tempfile.TemporaryDirectory() as folder:
-        spec, result = Path(folder) / "spec.json", Path(folder) / "result.json"
-        spec.write_text(json.dumps({"seed": seed, "configs": configs}))
-        command = [ncu, "--clock-control", "none", "--cache-control", "all", "--profile-from-start", "off", "--csv",
-                   "--print-units", "base", "--metrics", ",".join(NCU_METRICS),
-                   sys.executable, "-m", "simflash.backends.decode_ncu_target", str(spec), str(result)]
-        done = subprocess.run(command, capture_output=True, text=True)
-        if raw_csv is not None:
-            raw_csv.write_text(done.stdout)
-        if done.returncode != 0 or not result.exists():
-            raise RuntimeError(f"ncu failed (exit {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-        counted = json.loads(result.read_text())
-    kernels = parse_ncu_csv(done.stdout)
+    command, kernels, counted = run_ncu(find_ncu(), list(NCU_METRICS), "simflash.backends.decode_ncu_target",
+                                        {"seed": seed, "configs": configs}, raw_csv)
     out, at = [], 0
     for entry in counted:
         mine = kernels[at:at + entry["kernels"]]
@@ -246,8 +230,7 @@ def profile(configs: list[dict], seed: int = 0, raw_csv: Path | None = None) -> 
         out.append({**entry, "ncu": [{"kernel": k["name"][:120], **k["metrics"]} for k in mine]})
     if at != len(kernels):
         raise RuntimeError(f"ncu profiled {len(kernels)} kernels, the configurations launched {at}")
-    return {"ncu_command": " ".join(["ncu", *command[1:command.index(sys.executable)]])
-                           + " python -m simflash.backends.decode_ncu_target", "configs": out}
+    return {"ncu_command": command, "configs": out}
 
 
 def counted_entry(config: dict, path: DecodePath) -> dict:

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from simflash.backends.decode_bench import DTYPE, DecodeBenchConfig, Inputs, counted_entry
-from simflash.backends.flash_decoding import DecodePath, split_schedule
+from simflash.backends.decoding import DecodePath, split_schedule
 from simflash.backends.kernels import import_cupy
 
 

@@ -175,35 +175,38 @@ def kernel_rows(config: ProfileConfig, stages: dict[str, list[dict]], counted: d
     return rows
 
 
-def run_ncu(target: str, configs: list, metrics: dict[str, str], seed: int, raw_csv: Path | None) -> tuple[str, list, str]:
-    """`python -m target SPEC RESULT` under one ncu process, the clocks left alone, every cache flushed
-    before each kernel, only the target's profiler range profiled: (ncu's CSV report, the target's
-    RESULT, the command as the results record it)."""
-    ncu = find_ncu()
+def run_ncu(ncu: str, metrics: list[str], target: str, spec: dict, raw_csv: Path | None = None) -> tuple[str, list, object]:
+    """Run `python -m target SPEC.json RESULT.json` under ncu: the GPU's clocks left alone, every cache
+    flushed before each kernel (cold, as the logical model assumes), only the target's profiler range.
+    Returns the command as one line (paths left out), the profiled kernels in launch order
+    (parse_ncu_csv) and the target's RESULT; raw_csv keeps ncu's report."""
     with tempfile.TemporaryDirectory() as folder:
-        spec, result = Path(folder) / "spec.json", Path(folder) / "result.json"
-        spec.write_text(json.dumps({"seed": seed, "configs": [attrs.asdict(c) for c in configs]}))
+        spec_path, result = Path(folder) / "spec.json", Path(folder) / "result.json"
+        spec_path.write_text(json.dumps(spec))
         command = [ncu, "--clock-control", "none", "--cache-control", "all", "--profile-from-start", "off",
-                   "--csv", "--print-units", "base", "--metrics", ",".join(metrics.values()),
-                   sys.executable, "-m", target, str(spec), str(result)]
+                   "--csv", "--print-units", "base", "--metrics", ",".join(metrics),
+                   sys.executable, "-m", target, str(spec_path), str(result)]
         done = subprocess.run(command, capture_output=True, text=True)
         if raw_csv is not None:
             raw_csv.write_text(done.stdout)
         if done.returncode != 0 or not result.exists():
             raise RuntimeError(f"ncu failed (exit {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
         counted = json.loads(result.read_text())
-    return done.stdout, counted, " ".join(["ncu", *command[1:command.index(sys.executable)]]) + f" python -m {target}"
+    line = " ".join(["ncu", *command[1:command.index(sys.executable)]]) + f" python -m {target}"
+    return line, parse_ncu_csv(done.stdout), counted
 
 
 def profile(configs: list[ProfileConfig], seed: int = 0, raw_csv: Path | None = None) -> dict:
     """Profile every configuration in one ncu process; return the per-kernel rows."""
-    have = available_metrics(find_ncu())
+    ncu = find_ncu()
+    have = available_metrics(ncu)
     metrics = {ours: theirs for ours, theirs in METRICS.items() if not have or theirs.rsplit(".", 1)[0] in have}
     missing = [theirs for ours, theirs in METRICS.items() if ours not in metrics]
     if any(name not in metrics for name in REQUIRED):
         raise RuntimeError(f"this GPU's counters lack required metrics: {missing}")
-    report, counted, command = run_ncu("simflash.backends.ncu_target", configs, metrics, seed, raw_csv)
-    stages = assign_stages(parse_ncu_csv(report), configs)
+    command, kernels, counted = run_ncu(ncu, list(metrics.values()), "simflash.backends.ncu_target",
+                                        {"seed": seed, "configs": [attrs.asdict(c) for c in configs]}, raw_csv)
+    stages = assign_stages(kernels, configs)
     return {
         "ncu_command": command,
         "metrics": metrics,

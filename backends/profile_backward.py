@@ -19,7 +19,7 @@ import attrs
 import simflash as sf
 
 from simflash.backends.kernels import BACKWARD_BLOCK_KV, BACKWARD_BLOCK_Q, BACKWARD_HEAD_DIMS
-from simflash.backends.profile import available_metrics, find_ncu, parse_ncu_csv, run_ncu
+from simflash.backends.profile import available_metrics, find_ncu, run_ncu
 from simflash.config import check_positive_int
 
 METRICS = {
@@ -105,12 +105,14 @@ def kernel_rows(c: BackwardProfileConfig, ours: list[dict], theirs: list[dict], 
 
 def profile(configs: list[BackwardProfileConfig], seed: int = 0, raw_csv: Path | None = None) -> dict:
     """Profile every configuration in one ncu process; return the per-kernel rows."""
-    have = available_metrics(find_ncu())
+    ncu = find_ncu()
+    have = available_metrics(ncu)
     missing = [theirs for theirs in METRICS.values() if have and theirs.rsplit(".", 1)[0] not in have]
     if missing:
         raise RuntimeError(f"this GPU's counters lack required metrics: {missing}")
-    report, counted, command = run_ncu("simflash.backends.ncu_target_backward", configs, METRICS, seed, raw_csv)
-    groups = split_kernels(parse_ncu_csv(report), configs)
+    command, kernels, counted = run_ncu(ncu, list(METRICS.values()), "simflash.backends.ncu_target_backward",
+                                        {"seed": seed, "configs": [attrs.asdict(c) for c in configs]}, raw_csv)
+    groups = split_kernels(kernels, configs)
     return {
         "ncu_command": command,
         "metrics": METRICS,

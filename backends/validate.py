@@ -146,6 +146,17 @@ def equal_bytes(a: Traffic, b: Traffic) -> bool:
     return moved(a) == moved(b)
 
 
+def build_checks(gpu, timed, simulated: Traffic, model: Traffic) -> dict:
+    """What both kernels' records hold of one run: no NaN, the timed build's bits, the counted bytes
+    against the simulator's ledger and the closed form."""
+    return {
+        "nan_free": bool(np.isfinite(gpu.out.astype(np.float32)).all()),
+        "timed_equals_instrumented": bool(np.array_equal(gpu.out.view(np.uint16), timed.out.view(np.uint16))),
+        "traffic": {"instrumented": ledger_rows(gpu.traffic), "equals_simulator": equal_bytes(gpu.traffic, simulated),
+                    "equals_model": equal_bytes(gpu.traffic, model)},
+    }
+
+
 def check(config: CheckConfig, rng: np.random.Generator, version: str = "v1") -> dict:
     """Run one configuration every way and record how the results compare (the naive GPU path with
     version 1 only: it does not depend on the FA-2 kernel's version)."""
@@ -182,13 +193,7 @@ def check(config: CheckConfig, rng: np.random.Generator, version: str = "v1") ->
             "gpu_vs_simulator_max_abs": float(np.max(np.abs(gpu.out.astype(np.float64) - sim.out.astype(np.float64)))),
             "within_fa_rule": within_tolerance(err, c.dtype, err_naive),
         },
-        "nan_free": bool(np.isfinite(gpu.out.astype(np.float32)).all()),
-        "timed_equals_instrumented": bool(np.array_equal(gpu.out.view(np.uint16), timed.out.view(np.uint16))),
-        "traffic": {
-            "instrumented": ledger_rows(gpu.traffic),
-            "equals_simulator": equal_bytes(gpu.traffic, sim.traffic),
-            "equals_model": equal_bytes(gpu.traffic, model),
-        },
+        **build_checks(gpu, timed, sim.traffic, model),
         "trace": {"head": trace_head, "tile": trace_tile, **_trace_check(gpu.trace, list(sim.trace))},
         "resources": gpu.resources,
     }

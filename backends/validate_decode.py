@@ -19,9 +19,9 @@ import attrs
 import numpy as np
 
 import simflash as sf
-from simflash.backends import flash_decoding
+from simflash.backends import decoding
 from simflash.backends.kernels import DECODE_BLOCK_KV
-from simflash.backends.validate import equal_bytes, ledger_rows
+from simflash.backends.validate import build_checks
 from simflash.numerics import fa_rule, reference_attention, reference_mask, upcast
 
 
@@ -86,7 +86,7 @@ def decode_configs() -> list[DecodeConfig]:
 
 
 def _split_count(c: DecodeConfig) -> int:
-    return flash_decoding.split_schedule(c.batch, c.batch * c.heads, c.batch * c.kv_heads, c.n_q, c.n_kv, c.d,
+    return decoding.split_schedule(c.batch, c.batch * c.heads, c.batch * c.kv_heads, c.n_q, c.n_kv, c.d,
                                          c.num_splits, c.tile, c.pack_gqa).num_splits
 
 
@@ -122,8 +122,8 @@ def check(config: DecodeConfig, rng: np.random.Generator) -> dict:
     common = dict(num_splits=splits, block_kv=c.tile, pack_gqa=c.pack_gqa, cache_seqlens=c.cache_seqlens,
                   causal=c.causal, window=c.window, dtype=c.dtype)
 
-    gpu = flash_decoding.flash_decoding(q, k, v, **common)
-    timed = flash_decoding.flash_decoding(q, k, v, **common, instrumented=False)
+    gpu = decoding.flash_decoding(q, k, v, **common)
+    timed = decoding.flash_decoding(q, k, v, **common, instrumented=False)
     sim = sf.flash_decoding(q, k, v, **common)
     model = sf.model.flash_decoding_traffic(c.n_kv, c.d, batch=c.batch, heads=c.heads, kv_heads=c.kv_heads, n_q=c.n_q,
                                             num_splits=splits, block_kv=c.tile, pack_gqa=c.pack_gqa,
@@ -140,13 +140,7 @@ def check(config: DecodeConfig, rng: np.random.Generator) -> dict:
         "error": {"max_abs": rule.error, "naive_max_abs": rule.naive_error, "bound": rule.bound,
                   "fa_rule": rule.passed,
                   "gpu_vs_simulator_max_abs": float(np.abs(gpu.out.astype(np.float64) - sim.out.astype(np.float64)).max())},
-        "nan_free": bool(np.isfinite(gpu.out.astype(np.float32)).all()),
-        "timed_equals_instrumented": bool(np.array_equal(gpu.out.view(np.uint16), timed.out.view(np.uint16))),
-        "traffic": {
-            "instrumented": ledger_rows(gpu.traffic),
-            "equals_simulator": equal_bytes(gpu.traffic, sim.traffic),
-            "equals_model": equal_bytes(gpu.traffic, model),
-        },
+        **build_checks(gpu, timed, sim.traffic, model),
         "resources": gpu.resources,
     }
     sdpa = _sdpa(c, q, k, v)

@@ -202,7 +202,7 @@ def test_fa2_kernel_takes_grouped_query_heads_and_windows(rng, kv_heads, pack_gq
                           (2, 4, 8, 1, False, (8, 4096), True, (-1, -1), 128)])
 def test_flash_decoding_kernels_match_reference_simulator_and_model(rng, batch, kv_heads, n_q, num_splits, pack_gqa,
                                                                     cache_seqlens, causal, window, d):
-    from simflash.backends.flash_decoding import flash_decoding, split_schedule
+    from simflash.backends.decoding import flash_decoding, split_schedule
 
     q = rng.standard_normal((batch, 8, n_q, d), dtype=np.float32)
     k, v = (rng.standard_normal((batch, kv_heads, 4096, d), dtype=np.float32) for _ in range(2))
