@@ -59,18 +59,24 @@ def checked_backward_step(path: Path, where: str, level: str, geometry: Geometry
     """A BackwardStep whose arrays agree with each other, with the level and with the config's tiling."""
     if level == "none":
         raise TraceFileError(f"{path}: a trace of level 'none' holds no steps, found {where}")
-    rows, cols = arrays["L"].size, arrays["dk_norm"].size
-    expected = {k: (rows,) for k in ROW_FIELDS} | {k: (cols,) for k in COL_FIELDS}
-    if level == "full":
-        d = 0 if arrays["dK"] is None else arrays["dK"].shape[-1]
-        expected |= {k: (rows, cols) for k in TILE_FIELDS} | {k: (cols, d) for k in ACCUMULATOR_FIELDS}
     for k in FULL_FIELDS:
         if (level == "full") != (arrays[k] is not None):
             raise TraceFileError(f"{path}: {where}: a {level!r} trace {'needs' if level == 'full' else 'has no'} {k}")
+    rows, cols = arrays["L"].size, arrays["dk_norm"].size
+    if not (rows and cols):
+        raise TraceFileError(f"{path}: {where}: L and dk_norm must be non-empty (the tile's rows and columns), got "
+                             f"{rows} and {cols} entries")
+    expected = {k: (rows,) for k in ROW_FIELDS} | {k: (cols,) for k in COL_FIELDS}
+    if level == "full":
+        d = arrays["dK"].shape[1] if arrays["dK"].ndim == 2 else 0
+        if not d:
+            raise TraceFileError(f"{path}: {where}.dK must be a (B_c, d) matrix with d > 0, got shape "
+                                 f"{arrays['dK'].shape}")
+        expected |= {k: (rows, cols) for k in TILE_FIELDS} | {k: (cols, d) for k in ACCUMULATOR_FIELDS}
     for k, shape in expected.items():
-        if 0 in shape or arrays[k].shape != shape:
-            raise TraceFileError(f"{path}: {where}.{k} must have shape {shape} (non-empty; B_r = {rows} like L, "
-                                 f"B_c = {cols} like dk_norm), got {arrays[k].shape}")
+        if arrays[k].shape != shape:
+            raise TraceFileError(f"{path}: {where}.{k} must have shape {shape} (B_r = {rows} like L, B_c = {cols} "
+                                 f"like dk_norm), got {arrays[k].shape}")
         finite = np.isfinite(arrays[k]) | (np.isposinf(arrays[k]) if k == "L" else False)
         if not finite.all():
             bad = np.unravel_index(np.flatnonzero(~finite)[0], shape)

@@ -81,7 +81,8 @@ def save(trace: Trace, path: str | Path, format: str | None = None, *,
     elif kind == "json":
         path.write_text(codec.to_json(trace))
     else:
-        np.savez(path, **codec.to_arrays(trace))
+        with path.open("wb") as file:  # (given a name, np.savez would add .npz to one without it)
+            np.savez(file, **codec.to_arrays(trace))
     return path
 
 
