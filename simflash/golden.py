@@ -3,8 +3,8 @@ and the GOLDEN_BACKWARD_CASES through FlashAttention-2's backward.
 
 Each forward run leaves `<case>.<variant>.json` (the "full" trace) and `<case>.<variant>.perfetto.json`
 (its timeline); each backward run `<case>.fa2_backward.json` (its "full" BackwardTrace; the backward
-records no events, so no timeline). write_golden regenerates them; check_golden compares them with what the code produces now;
-golden_directory finds the repository's traces/ when no directory is named.
+records no events, so no timeline). write_golden regenerates them; check_golden compares them with
+what the code produces now; golden_directory finds the repository's traces/ when no directory is named.
 """
 
 from __future__ import annotations

@@ -54,8 +54,8 @@ STEP_FIELDS = (*INDEX_FIELDS, "masked", *ROW_FIELDS, *COL_FIELDS, *FULL_FIELDS)
 BACKWARD_CONFIG_TYPES = {**CONFIG_TYPES, "forward_block_q": "positive int", "forward_block_kv": "positive int"}
 
 
-def checked_backward_step(path: Path, where: str, level: str, geometry: Geometry | None, indices: Mapping[str, int],
-                          masked: bool, arrays: Mapping[str, np.ndarray | None]) -> BackwardStep:
+def checked_backward_step(path: Path, where: str, level: str, geometry: Geometry | None, indices: Mapping[str, Any],
+                          masked: bool, arrays: Mapping[str, Any]) -> BackwardStep:
     """A BackwardStep whose arrays agree with each other, with the level and with the config's tiling."""
     if level == "none":
         raise TraceFileError(f"{path}: a trace of level 'none' holds no steps, found {where}")
@@ -66,7 +66,7 @@ def checked_backward_step(path: Path, where: str, level: str, geometry: Geometry
     if not (rows and cols):
         raise TraceFileError(f"{path}: {where}: L and dk_norm must be non-empty (the tile's rows and columns), got "
                              f"{rows} and {cols} entries")
-    expected = {k: (rows,) for k in ROW_FIELDS} | {k: (cols,) for k in COL_FIELDS}
+    expected: dict[str, tuple[int, ...]] = {k: (rows,) for k in ROW_FIELDS} | {k: (cols,) for k in COL_FIELDS}
     if level == "full":
         d = arrays["dK"].shape[1] if arrays["dK"].ndim == 2 else 0
         if not d:
@@ -118,7 +118,8 @@ def backward_from_json(doc: Any, path: Path = Path("<trace>")) -> TraceContents:
     config, geometry = check_config(doc.get("config"), path, bool(raw_steps), BACKWARD_CONFIG_TYPES)
     steps = []
     for where, raw in step_objects(raw_steps, path, STEP_FIELDS):
-        arrays = {k: floats(raw[k], f"{where}.{k}", path) for k in (*ROW_FIELDS, *COL_FIELDS)}
+        arrays: dict[str, np.ndarray | None] = {
+            k: floats(raw[k], f"{where}.{k}", path) for k in (*ROW_FIELDS, *COL_FIELDS)}
         arrays |= {k: None if raw[k] is None else float_rows(raw[k], f"{where}.{k}", path) for k in FULL_FIELDS}
         indices = {k: index(raw, k, where, path) for k in INDEX_FIELDS}
         steps.append(checked_backward_step(path, where, level, geometry, indices, raw["masked"], arrays))
@@ -162,7 +163,7 @@ def backward_from_arrays(arrays: Mapping[str, np.ndarray], path: Path = Path("<t
     group_spans = [spans(counts) for _, counts, _ in groups]
     steps = []
     for n in range(masked.size):
-        fields: dict[str, np.ndarray | None] = dict.fromkeys(FULL_FIELDS)
+        fields: dict[str, Any] = dict.fromkeys(FULL_FIELDS)
         for (stacked, _, _), step_spans in zip(groups, group_spans):
             fields |= {k: values[step_spans[n]].copy() for k, values in stacked.items()}
         fields |= {k: fields[k].reshape(rows[n], cols[n]) for k in TILE_FIELDS if fields[k] is not None}

@@ -10,6 +10,8 @@ import numpy as np
 if TYPE_CHECKING:
     from simflash.trace import Trace
     from simflash.trace_backward import BackwardTrace
+    from simflash.trace_backward_step import BackwardStep
+    from simflash.trace_step import TileStep
 
 
 def _same(x: object, y: object, rtol: float, atol: float) -> bool:
@@ -42,7 +44,8 @@ def trace_differences(expected: Trace | BackwardTrace, actual: Trace | BackwardT
             problems.append(f"{field.name} differ")
     if len(expected) != len(actual):
         return [*problems, f"{len(actual)} steps != {len(expected)}"]
-    for n, (want, got) in enumerate(zip(expected, actual)):
+    pairs: list[tuple[TileStep | BackwardStep, TileStep | BackwardStep]] = list(zip(expected.steps, actual.steps))
+    for n, (want, got) in enumerate(pairs):
         for field in attrs.fields(type(want)):
             if not _same(getattr(want, field.name), getattr(got, field.name), rtol, atol):
                 problems.append(f"step {n} (head {want.head}, i {want.i}, j {want.j}): {field.name} differs")

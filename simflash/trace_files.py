@@ -27,6 +27,10 @@ from simflash.trace_json import read_json, trace_from_json, trace_json
 from simflash.trace_npz import read_npz, trace_arrays, trace_from_arrays
 from simflash.trace_schema import FORWARD_FILE, FileKind, TraceContents, TraceFileError
 
+if TYPE_CHECKING:
+    from simflash.trace import Trace
+    from simflash.trace_backward import BackwardTrace
+
 __all__ = ["FORMATS", "FORWARD_CODEC", "Codec", "TraceContents", "TraceFileError", "format_for", "read", "save"]
 
 FORMATS = ("json", "npz", "perfetto")
@@ -64,7 +68,7 @@ def format_for(path: str | Path, format: str | None = None) -> str:
                      f"got {str(path)!r}")
 
 
-def save(trace: Trace, path: str | Path, format: str | None = None, *,
+def save(trace: Trace | BackwardTrace, path: str | Path, format: str | None = None, *,
          events: Sequence[MemoryEvent] = (), codec: Codec = FORWARD_CODEC) -> Path:
     """Write `trace` (of codec's kind) to `path`; a Perfetto timeline is drawn from `events` (a run's
     `run.events`)."""

@@ -147,7 +147,7 @@ def check_stacked(stacked: Mapping[str, np.ndarray], total: int, what: str, path
             raise TraceFileError(f"{path}: the state arrays must be {STATE_DTYPE}; {key!r} is {values.dtype}")
 
 
-def spans(counts: np.ndarray) -> list[slice]:
+def spans(counts: Sequence[int] | np.ndarray) -> list[slice]:
     """The slice of the stacked arrays each step owns, from how many entries each holds."""
     stops = np.cumsum(counts)
     return [slice(int(stop) - int(n), int(stop)) for stop, n in zip(stops, counts)]

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from test_trace_file_errors import edit_json, edit_npz, set_config
 from typer.testing import CliRunner
 
 import simflash as sf
@@ -49,6 +50,11 @@ def assert_identical(expected: sf.BackwardTrace, actual: sf.BackwardTrace) -> No
                 assert y == x and type(y) is type(x), field.name
 
 
+def refused(path: Path, message: str) -> None:
+    with pytest.raises(TraceFileError, match=message):
+        sf.BackwardTrace.load(path)
+
+
 # ------------------------------------------------------------------------------------------ round trips
 
 
@@ -65,7 +71,8 @@ def test_round_trip_is_lossless_and_self_describing(tmp_path, suffix, level):
     assert (back[0].P is None) == (level == "stats")
     config = back.config
     assert (config["n_q"], config["n_kv"], config["d"], config["heads"], config["kv_heads"]) == (10, 7, 4, 4, 2)
-    assert (config["block_q"], config["block_kv"], config["forward_block_q"], config["forward_block_kv"]) == (4, 3, 8, 4)
+    tiles = (config["block_q"], config["block_kv"], config["forward_block_q"], config["forward_block_kv"])
+    assert tiles == (4, 3, 8, 4)
     assert (config["dtype"], config["causal"], config["causal_variant"], config["window"]) == (
         "float32", True, "lower_right", (5, 0))
     assert config["algorithm"] == "fa2_backward" and back.level == level
@@ -153,8 +160,7 @@ def test_a_perfetto_file_is_not_a_backward_trace(tmp_path):
     rng = np.random.default_rng(0)
     run = sf.flash_attention(*rng.standard_normal((3, 8, 4)), 4, 4, record_events=True)
     path = run.trace.save(tmp_path / "run.perfetto.json", events=run.events)
-    with pytest.raises(TraceFileError, match="holds no tile state"):
-        sf.BackwardTrace.load(path)
+    refused(path, "holds no tile state")
     with pytest.raises(TraceFileError, match="Perfetto timeline, not a simflash trace"):
         sf.BackwardTrace.load(path, format="json")
 
@@ -164,22 +170,10 @@ def test_a_perfetto_file_is_not_a_backward_trace(tmp_path):
 
 @pytest.fixture
 def files(tmp_path):
-    """A 'full' backward trace (two heads, n_q = 10, n_kv = 7, d = 4, tiles 4 x 3, causal lower_right) as JSON and NPZ."""
+    """A 'full' backward trace as JSON and NPZ: two heads, n_q = 10, n_kv = 7, d = 4, tiles 4 x 3, causal
+    lower_right."""
     trace = backward_run(causal=True, causal_variant="lower_right").trace
     return trace.save(tmp_path / "t.json"), trace.save(tmp_path / "t.npz")
-
-
-def edit_json(path: Path, edit) -> None:
-    doc = json.loads(path.read_text())
-    edit(doc)
-    path.write_text(json.dumps(doc))
-
-
-def edit_npz(path: Path, edit) -> None:
-    with np.load(path, allow_pickle=False) as archive:
-        arrays = {key: archive[key] for key in archive.files}
-    edit(arrays)
-    np.savez(path, **arrays)
 
 
 def set_entry(key, n, value):
@@ -189,17 +183,14 @@ def set_entry(key, n, value):
     return edit
 
 
-def set_config(arrays, **changes):
-    arrays["config_json"] = np.array(json.dumps({**json.loads(arrays["config_json"].item()), **changes}))
-
-
 def step(doc, n=1):
     return doc["steps"][n]
 
 
 @pytest.mark.parametrize("edit, message", [
     (lambda doc: doc.pop("format"), "not a simflash trace"),
-    (lambda doc: doc.update(format="simflash.other"), r"not a simflash trace \(expected format 'simflash.backward_trace'"),
+    (lambda doc: doc.update(format="simflash.other"),
+     r"not a simflash trace \(expected format 'simflash.backward_trace'"),
     (lambda doc: doc.update(schema_version=2), "schema version 2 is not supported; this simflash reads version 1 of a "
                                                "backward trace"),
     (lambda doc: doc.update(schema_version=True), "schema_version must be an integer"),
@@ -253,15 +244,13 @@ def step(doc, n=1):
 def test_malformed_json_is_refused_with_the_reason(files, edit, message):
     path, _ = files
     edit_json(path, edit)
-    with pytest.raises(TraceFileError, match=message):
-        sf.BackwardTrace.load(path)
+    refused(path, message)
 
 
 def test_a_stats_trace_holds_no_matrices(tmp_path):
     path = backward_run(level="stats").trace.save(tmp_path / "t.json")
     edit_json(path, lambda doc: doc["steps"][0].update(dK=[[0.0] * 4] * 3))
-    with pytest.raises(TraceFileError, match=r"steps\[0\]: a 'stats' trace has no dK"):
-        sf.BackwardTrace.load(path)
+    refused(path, r"steps\[0\]: a 'stats' trace has no dK")
 
 
 @pytest.mark.parametrize("number", ["1e400", "-1e400", "1" + "0" * 400, "1e39"])
@@ -270,8 +259,7 @@ def test_a_number_float32_cannot_hold_is_refused(files, number):
     doc = json.loads(path.read_text())
     doc["steps"][1]["dV"][2][1] = 123.5
     path.write_text(json.dumps(doc).replace("123.5", number, 1))
-    with pytest.raises(TraceFileError, match=r"steps\[1\]\.dV\[2\]\[1\] = .* outside float32's range"):
-        sf.BackwardTrace.load(path)
+    refused(path, r"steps\[1\]\.dV\[2\]\[1\] = .* outside float32's range")
 
 
 @pytest.mark.parametrize("text, message", [
@@ -284,24 +272,20 @@ def test_non_standard_numbers_are_refused(files, text, message):
     doc = json.loads(path.read_text())
     doc["steps"][0]["D"][0] = 123.5
     path.write_text(json.dumps(doc).replace("123.5", text, 1))
-    with pytest.raises(TraceFileError, match=message):
-        sf.BackwardTrace.load(path)
+    refused(path, message)
 
 
 def test_deep_truncated_and_binary_json_are_refused(files, tmp_path):
     path, _ = files
     text = path.read_text()
     path.write_text(text[: len(text) // 2])
-    with pytest.raises(TraceFileError, match="truncated or corrupted"):
-        sf.BackwardTrace.load(path)
+    refused(path, "truncated or corrupted")
     deep = tmp_path / "deep.json"
     deep.write_text('{"format": "simflash.backward_trace", "schema_version": 1, "level": "full", "config": '
                     + "[" * 200_000 + "]" * 200_000 + ', "steps": []}')
-    with pytest.raises(TraceFileError, match="nested too deeply"):
-        sf.BackwardTrace.load(deep)
+    refused(deep, "nested too deeply")
     path.write_bytes(bytes(range(256)))
-    with pytest.raises(TraceFileError, match="not a text file|not a complete JSON"):
-        sf.BackwardTrace.load(path)
+    refused(path, "not a text file|not a complete JSON")
 
 
 @pytest.mark.parametrize("edit, message", [
@@ -334,8 +318,7 @@ def test_deep_truncated_and_binary_json_are_refused(files, tmp_path):
 def test_malformed_npz_is_refused_with_the_reason(files, edit, message):
     _, path = files
     edit_npz(path, edit)
-    with pytest.raises(TraceFileError, match=message):
-        sf.BackwardTrace.load(path)
+    refused(path, message)
 
 
 def test_npz_shifted_rows_are_refused_against_the_config(files):
@@ -346,8 +329,7 @@ def test_npz_shifted_rows_are_refused_against_the_config(files):
         arrays["rows"][:2] += [1, -1]
 
     edit_npz(path, edit)
-    with pytest.raises(TraceFileError, match=r"steps\[0\]\.L holds 5 rows; the config's query tile 0 has 4"):
-        sf.BackwardTrace.load(path)
+    refused(path, r"steps\[0\]\.L holds 5 rows; the config's query tile 0 has 4")
 
 
 @pytest.mark.parametrize("keep", [0.0, 0.3, 0.9])
@@ -355,16 +337,14 @@ def test_truncated_npz_is_refused(files, keep):
     _, path = files
     data = path.read_bytes()
     path.write_bytes(data[: int(len(data) * keep)])
-    with pytest.raises(TraceFileError, match="NPZ"):
-        sf.BackwardTrace.load(path)
+    refused(path, "NPZ")
 
 
 def test_a_single_npy_array_is_not_a_backward_trace(tmp_path):
     path = tmp_path / "one.npz"
     with path.open("wb") as file:
         np.save(file, np.arange(3))
-    with pytest.raises(TraceFileError, match="single array"):
-        sf.BackwardTrace.load(path)
+    refused(path, "single array")
 
 
 def test_backward_config_types_cover_every_field_a_backward_trace_records():
