@@ -18,11 +18,13 @@ from simflash.memory import HBM, SRAM, Flow, SRAMOverflowError, Traffic
 from simflash.model.amdahl import amdahl
 from simflash.schedule import TileSchedule
 from simflash.trace import TileStep, Trace
+from simflash.trace_backward import BackwardStep, BackwardTrace
 
 __all__ = [
-    "BackwardRun", "GPUS", "GPUSpec", "HBM", "SRAM", "Flow", "Run", "RunConfig", "SRAMOverflowError",
-    "TileSchedule", "TileStep", "Trace", "Traffic", "amdahl", "flash_attention", "flash_attention_backward",
-    "flash_attention_steps", "flash_decoding", "model", "naive_attention", "naive_attention_backward",
+    "BackwardRun", "BackwardStep", "BackwardTrace", "GPUS", "GPUSpec", "HBM", "SRAM", "Flow", "Run", "RunConfig",
+    "SRAMOverflowError", "TileSchedule", "TileStep", "Trace", "Traffic", "amdahl", "flash_attention",
+    "flash_attention_backward", "flash_attention_steps", "flash_decoding", "model", "naive_attention",
+    "naive_attention_backward",
 ]
 
 # Imported from a checkout, map simflash.backends to its backends/ (that one name, not the checkout root on __path__).

@@ -24,6 +24,7 @@ from simflash.api import (
     Run,
     RunConfig,
     _simulated_gpu,
+    _trace_config,
     flash_attention,
     heads_layout,
     naive_forward,
@@ -55,7 +56,7 @@ class BackwardRun:
     flops: int  # tensor-core FLOPs of the backward's kernels
     flops_by_kind: dict[str, int]
     config: RunConfig
-    trace: BackwardTrace = BackwardTrace()
+    trace: BackwardTrace  # its steps (FA-2 with trace="stats" or "full") and the run's configuration
     on_chip: OnChipStats | None = None  # peak SRAM and register occupancy of the largest CTA (FA-2)
 
 
@@ -93,12 +94,13 @@ def _sum_over_groups(machine: SimulatedGPU, kernel: str) -> None:
             gqa_sum_cta(machine, g)
 
 
-def _finished(machine: SimulatedGPU, inputs: tuple, forward: Run, config: RunConfig, **more) -> BackwardRun:
-    """The run: dQ, dK, dV as HBM holds them, in the shapes of q, k, v; the ledger and FLOPs."""
+def _finished(machine: SimulatedGPU, inputs: tuple, forward: Run, config: RunConfig, trace: BackwardTrace,
+              **more) -> BackwardRun:
+    """The run: dQ, dK, dV as HBM holds them, in the shapes of q, k, v; the ledger and FLOPs; the trace."""
     hbm = machine.hbm
     dq, dk, dv = (hbm.inspect(name).reshape(np.shape(x)) for name, x in zip(("dQ", "dK", "dV"), inputs))
     return BackwardRun(dq, dk, dv, forward, hbm.traffic(), machine.compute.flops, machine.compute.flops_by_kind(),
-                       config, **more)
+                       config, trace, **more)
 
 
 def flash_attention_backward(
@@ -154,7 +156,8 @@ def flash_attention_backward(
             for i in range(sched.n_q_tiles):
                 flash2_backward_convert_cta(machine.for_cta((h, i)), sched, h, i)
     _sum_over_groups(machine, "flash2_backward_gqa_sum")
-    return _finished(machine, (q, k, v), forward, config, trace=BackwardTrace(level, tuple(steps)),
+    trace_config = {**_trace_config(config), "forward_block_q": forward_block_q, "forward_block_kv": forward_block_kv}
+    return _finished(machine, (q, k, v), forward, config, BackwardTrace(level, tuple(steps), trace_config),
                      on_chip=machine.on_chip_statistics())
 
 
@@ -184,4 +187,4 @@ def naive_attention_backward(
             for h in range(heads):
                 NAIVE_BACKWARD_CTAS[kernel](machine, sched, scale, h)
     _sum_over_groups(machine, "gqa_sum")
-    return _finished(machine, (q, k, v), forward, config)
+    return _finished(machine, (q, k, v), forward, config, BackwardTrace("none", (), _trace_config(config)))

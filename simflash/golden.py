@@ -1,8 +1,10 @@
-"""The golden traces in traces/: every GOLDEN_CASES problem run under every variant of FLASH_ALGORITHMS.
+"""The golden traces in traces/: every GOLDEN_CASES problem run under every variant of FLASH_ALGORITHMS,
+and the GOLDEN_BACKWARD_CASES through FlashAttention-2's backward.
 
-Each leaves `<case>.<variant>.json` (the "full" trace) and `<case>.<variant>.perfetto.json` (its
-timeline). write_golden regenerates them; check_golden compares them with what the code produces now;
-golden_directory finds the repository's traces/ when no directory is named.
+Each forward run leaves `<case>.<variant>.json` (the "full" trace) and `<case>.<variant>.perfetto.json`
+(its timeline); each backward run `<case>.fa2_backward.json` (its "full" BackwardTrace; the backward
+records no events, so no timeline). write_golden regenerates them; check_golden compares them with
+what the code produces now; golden_directory finds the repository's traces/ when no directory is named.
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ import numpy as np
 
 from simflash.algorithms import FLASH_ALGORITHMS
 from simflash.api import flash_attention
+from simflash.backward import flash_attention_backward
 from simflash.memory import MemoryEvent
 from simflash.perfetto import perfetto_document, write_perfetto
 from simflash.trace import Trace
+from simflash.trace_backward import BackwardTrace
 from simflash.trace_diff import trace_differences
-from simflash.trace_files import save
 from simflash.trace_json import read_json
 from simflash.trace_schema import TraceFileError
 
@@ -69,12 +72,13 @@ class GoldenCase:
     k: np.ndarray
     v: np.ndarray
     options: Mapping[str, Any]
+    do: np.ndarray | None = None  # the output's gradient, for a backward case
 
 
 def _random_case(about: str, n_q: int, n_kv: int, d: int, offset: int, **options: Any) -> GoldenCase:
     rng = np.random.default_rng(GOLDEN_SEED + offset)
     q, k, v = rng.standard_normal((n_q, d)), rng.standard_normal((n_kv, d)), rng.standard_normal((n_kv, d))
-    return GoldenCase(about, q, k, v, {"dtype": "float32", **options})
+    return GoldenCase(about, q, k, v, {"dtype": "float32", **options}, do=rng.standard_normal((n_q, d)))
 
 
 def _two_tile() -> GoldenCase:
@@ -100,12 +104,17 @@ GOLDEN_CASES: dict[str, Callable[[], GoldenCase]] = {
 }
 
 
+# Cases that also run backward: causal lower_right with ragged tiles, rows that see no key (L = +inf).
+GOLDEN_BACKWARD_CASES = ("ragged_lower_right",)
+BACKWARD_VARIANT = "fa2_backward"
+
+
 @attrs.frozen(eq=False)
 class GoldenRun:
     case: str
     variant: str
     about: str
-    trace: Trace
+    trace: Trace | BackwardTrace
     events: tuple[MemoryEvent, ...]
 
     @property
@@ -114,7 +123,8 @@ class GoldenRun:
 
 
 def golden_runs(cases: Iterable[str] | None = None) -> list[GoldenRun]:
-    """Every golden case under every variant in FLASH_ALGORITHMS, with full traces and events."""
+    """Every golden case under every variant in FLASH_ALGORITHMS, with full traces and events; then the
+    GOLDEN_BACKWARD_CASES among them through FlashAttention-2's backward, with full traces."""
     chosen = list(GOLDEN_CASES) if cases is None else list(cases)
     unknown = sorted(set(chosen) - set(GOLDEN_CASES))
     if unknown:
@@ -126,11 +136,16 @@ def golden_runs(cases: Iterable[str] | None = None) -> list[GoldenRun]:
             run = flash_attention(case.q, case.k, case.v, variant=variant, trace="full",
                                   record_events=True, **case.options)
             runs.append(GoldenRun(name, variant, case.about, run.trace, run.events))
+        if name in GOLDEN_BACKWARD_CASES:
+            backward = flash_attention_backward(case.q, case.k, case.v, case.do, trace="full", **case.options)
+            runs.append(GoldenRun(name, BACKWARD_VARIANT, case.about, backward.trace, ()))
     return runs
 
 
-def golden_files(run: GoldenRun, directory: Path) -> tuple[Path, Path]:
-    return directory / f"{run.stem}.json", directory / f"{run.stem}.perfetto.json"
+def golden_files(run: GoldenRun, directory: Path) -> tuple[Path, ...]:
+    """The run's trace file, then its timeline (a backward run has none)."""
+    trace = directory / f"{run.stem}.json"
+    return (trace,) if isinstance(run.trace, BackwardTrace) else (trace, directory / f"{run.stem}.perfetto.json")
 
 
 def write_golden(directory: str | Path) -> list[Path]:
@@ -139,9 +154,9 @@ def write_golden(directory: str | Path) -> list[Path]:
     directory.mkdir(parents=True, exist_ok=True)
     written = []
     for run in golden_runs():
-        trace_path, timeline_path = golden_files(run, directory)
-        written.append(save(run.trace, trace_path))
-        written.append(write_perfetto(timeline_path, run.events, run.trace.config))
+        trace_path, *timeline = golden_files(run, directory)
+        written.append(run.trace.save(trace_path))
+        written += [write_perfetto(path, run.events, run.trace.config) for path in timeline]
     return written
 
 
@@ -159,20 +174,20 @@ def check_golden(directory: str | Path) -> list[str]:
     problems = []
     expected_names = set()
     for run in golden_runs():
-        trace_path, timeline_path = golden_files(run, directory)
-        expected_names.update({trace_path.name, timeline_path.name})
-        for path in (trace_path, timeline_path):
+        trace_path, *timeline = golden_files(run, directory)
+        expected_names.update(path.name for path in (trace_path, *timeline))
+        for path in (trace_path, *timeline):
             if not path.exists():
                 problems.append(f"{path}: missing (run `simflash golden` to generate it)")
         if trace_path.exists():
             try:
-                committed = Trace.load(trace_path)
+                committed = type(run.trace).load(trace_path)
             except TraceFileError as error:
                 problems.append(str(error))
             else:
                 problems += [f"{trace_path}: {p}" for p in
                              trace_differences(run.trace, committed, GOLDEN_RTOL, GOLDEN_ATOL)]
-        if timeline_path.exists():
+        for timeline_path in (path for path in timeline if path.exists()):
             try:
                 committed_timeline = read_json(timeline_path)
             except TraceFileError as error:

@@ -11,60 +11,51 @@ accumulators dK_j and dV_j. What a learner checks at a breakpoint:
 - |dK_j|, |dV_j|: the row norms of the accumulators so far (dK_j with its scale), growing tile by tile.
 
 A "full" trace also keeps P_ij, dS_ij (B_r, B_c) and the accumulators dK_j, dV_j (B_c, d).
+A BackwardTrace is saved and loaded as a JSON or NPZ file (simflash.trace_backward_files).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
 import attrs
-import numpy as np
 
+from simflash import trace_files
 from simflash.config import STATE_DTYPE, MiB
 from simflash.schedule import TileSchedule
 from simflash.trace import DEFAULT_TRACE_BUDGET_BYTES, StepSequence
+from simflash.trace_backward_files import BACKWARD_CODEC
+from simflash.trace_backward_step import BackwardStep
 from simflash.trace_step import TRACE_LEVELS
 
-
-@attrs.frozen(eq=False)
-class BackwardStep:
-    """Tile (j, i) of head `head`, right after query tile i was folded into KV tile j (float32 arrays)."""
-
-    head: int
-    j: int
-    i: int
-    col_start: int
-    row_start: int
-    masked: bool  # the tile needed element masking
-    L: np.ndarray  # (B_r,) the forward's logsumexp; +inf for a row that sees no key
-    D: np.ndarray  # (B_r,) rowsum(dO_i o O_i)
-    p_rowsum: np.ndarray  # (B_r,) rowsum(P_ij)
-    dq_norm: np.ndarray  # (B_r,) row norms of scale dS_ij K_j
-    dk_norm: np.ndarray  # (B_c,) row norms of dK_j so far
-    dv_norm: np.ndarray  # (B_c,) row norms of dV_j so far
-    P: np.ndarray | None = None  # (B_r, B_c), "full" only
-    dS: np.ndarray | None = None  # (B_r, B_c)
-    dK: np.ndarray | None = None  # (B_c, d)
-    dV: np.ndarray | None = None  # (B_c, d)
-
-    @property
-    def rows(self) -> range:
-        return range(self.row_start, self.row_start + self.L.size)
-
-    @property
-    def cols(self) -> range:
-        return range(self.col_start, self.col_start + self.dk_norm.size)
+__all__ = ["BackwardStep", "BackwardTrace", "check_backward_trace"]
 
 
 @attrs.frozen(eq=False)
 class BackwardTrace(StepSequence[BackwardStep]):
-    """The recorded steps of a backward, in execution order (head, then KV tile j, then query tile i)."""
+    """The recorded steps of a backward, in execution order (head, then KV tile j, then query tile i),
+    with the run's configuration."""
 
     level: str = "none"
     steps: tuple[BackwardStep, ...] = ()
+    config: Mapping[str, Any] = attrs.field(factory=dict)
 
     def of_kv_tile(self, j: int, head: int = 0) -> list[BackwardStep]:
         """The steps of KV tile j, in the order its query tiles were visited."""
         return [step for step in self.steps if step.j == j and step.head == head]
+
+    def save(self, path: str | Path, format: str | None = None) -> Path:
+        """Write the trace by suffix: .json (readable) or .npz (arrays). See simflash.trace_backward_files."""
+        return trace_files.save(self, path, format, codec=BACKWARD_CODEC)
+
+    @classmethod
+    def load(cls, path: str | Path, format: str | None = None) -> BackwardTrace:
+        """Read a backward trace written by `save`; a damaged file, or a forward trace, raises
+        simflash.trace_files.TraceFileError (a ValueError) naming the file and the field."""
+        contents = trace_files.read(path, format, BACKWARD_CODEC)
+        return cls(contents.level, contents.steps, contents.config)
 
 
 def check_backward_trace(level: object, sched: TileSchedule, heads: int, d: int,

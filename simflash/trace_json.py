@@ -11,26 +11,26 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from simflash.config import STATE_DTYPE
 from simflash.trace_schema import (
-    FORMAT_NAME,
+    FORWARD_FILE,
     INDEX_FIELDS,
     OPTIONAL_FIELDS,
-    SCHEMA_VERSION,
     SPLIT_FIELD,
     STEP_FIELDS,
+    FileKind,
     TraceContents,
     TraceFileError,
     check_config,
     check_header,
     checked_combine_weights,
     checked_step,
+    float_rows,
     floats,
     parse_json,
     plain,
@@ -42,31 +42,45 @@ if TYPE_CHECKING:
     from simflash.trace import Trace
 
 
-def _float_list(values: np.ndarray) -> list:
+def float_list(values: np.ndarray) -> list:
     """float32 values as exact decimal float64s; non-finite ones as strings (strict JSON)."""
     return [float(x) if math.isfinite(x) else str(float(x)) for x in values.astype(np.float64).ravel()]
+
+
+def row_lists(values: np.ndarray | None) -> list | None:
+    """A float32 matrix as a list of rows (see float_list); None stays None."""
+    return None if values is None else [float_list(row) for row in values]
 
 
 def step_dict(step: TileStep) -> dict:
     return {
         "head": step.head, "i": step.i, "j": step.j, "row_start": step.row_start, "masked": step.masked,
-        "m": _float_list(step.m), "alpha": _float_list(step.alpha), "l": _float_list(step.l),
-        "a": None if step.a is None else [_float_list(row) for row in step.a],
-        **{k: _float_list(getattr(step, k)) for k in OPTIONAL_FIELDS if getattr(step, k) is not None},
+        "m": float_list(step.m), "alpha": float_list(step.alpha), "l": float_list(step.l),
+        "a": row_lists(step.a),
+        **{k: float_list(getattr(step, k)) for k in OPTIONAL_FIELDS if getattr(step, k) is not None},
         **({} if step.split is None else {SPLIT_FIELD: step.split}),
     }
 
 
 def trace_json(trace: Trace) -> str:
     """The JSON text of a trace: an indented header, then one line per step."""
-    header = {"format": FORMAT_NAME, "schema_version": SCHEMA_VERSION, "level": trace.level,
-              "config": dict(trace.config)}
+    header = header_dict(FORWARD_FILE, trace.level, trace.config)
     if trace.combine_weights is not None:
-        header["combine_weights"] = [_float_list(row) for row in trace.combine_weights]
+        header["combine_weights"] = row_lists(trace.combine_weights)
+    return document(header, [step_dict(step) for step in trace.steps])
+
+
+def header_dict(kind: FileKind, level: str, config: Mapping[str, Any]) -> dict:
+    """The header of a trace file of `kind`."""
+    return {"format": kind.format, "schema_version": kind.schema_version, "level": level, "config": dict(config)}
+
+
+def document(header: dict, steps: list[dict]) -> str:
+    """A trace file's JSON text: the header indented, then "steps" with one line per step."""
     text = json.dumps(header, indent=2, default=plain, allow_nan=False)
-    lines = [json.dumps(step_dict(step), allow_nan=False) for step in trace.steps]
-    steps = "[\n" + ",\n".join(f"    {line}" for line in lines) + "\n  ]" if lines else "[]"
-    return text.removesuffix("\n}") + f',\n  "steps": {steps}\n}}\n'
+    lines = [json.dumps(step, allow_nan=False) for step in steps]
+    listed = "[\n" + ",\n".join(f"    {line}" for line in lines) + "\n  ]" if lines else "[]"
+    return text.removesuffix("\n}") + f',\n  "steps": {listed}\n}}\n'
 
 
 def read_json(path: Path) -> Any:
@@ -78,42 +92,48 @@ def read_json(path: Path) -> Any:
     return parse_json(text, path, "the file", "not a complete JSON document (truncated or corrupted?)")
 
 
-def _index(raw: Mapping, name: str, where: str, path: Path) -> int:
+def index(raw: Mapping, name: str, where: str, path: Path) -> int:
+    """The non-negative integer raw[name] of step `where`."""
     value = raw[name]
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise TraceFileError(f"{path}: {where}.{name} must be a non-negative integer, got {shown(value)}")
     return value
 
 
+def steps_list(doc: Mapping, path: Path) -> list:
+    """The document's "steps", which must be a list."""
+    raw_steps = doc.get("steps")
+    if not isinstance(raw_steps, list):
+        raise TraceFileError(f"{path}: steps must be a list, got {shown(raw_steps)}")
+    return raw_steps
+
+
+def step_objects(raw_steps: list, path: Path, fields: tuple[str, ...],
+                 optional: tuple[str, ...] = ()) -> Iterator[tuple[str, Mapping]]:
+    """("steps[n]", step) for every step: an object with `fields` (and maybe `optional`), masked a bool."""
+    for n, raw in enumerate(raw_steps):
+        where = f"steps[{n}]"
+        if not isinstance(raw, Mapping) or not set(fields) <= set(raw) <= {*fields, *optional}:
+            also = f" (and optionally {optional})" if optional else ""
+            raise TraceFileError(f"{path}: {where} must be an object with the fields {fields}{also}")
+        if not isinstance(raw["masked"], bool):
+            raise TraceFileError(f"{path}: {where}.masked must be true or false, got {shown(raw['masked'])}")
+        yield where, raw
+
+
 def trace_from_json(doc: Any, path: Path = Path("<trace>")) -> TraceContents:
     """The checked contents of a parsed JSON trace document."""
     check_header(doc, path)
-    level, raw_steps = doc["level"], doc.get("steps")
-    if not isinstance(raw_steps, list):
-        raise TraceFileError(f"{path}: steps must be a list, got {shown(raw_steps)}")
+    level, raw_steps = doc["level"], steps_list(doc, path)
     config, geometry = check_config(doc.get("config"), path, has_steps=bool(raw_steps))
     steps = []
-    for n, raw in enumerate(raw_steps):
-        where = f"steps[{n}]"
-        optional_fields = {*OPTIONAL_FIELDS, SPLIT_FIELD}
-        if not isinstance(raw, Mapping) or not set(STEP_FIELDS) <= set(raw) <= {*STEP_FIELDS, *optional_fields}:
-            raise TraceFileError(f"{path}: {where} must be an object with the fields {STEP_FIELDS} "
-                                 f"(and optionally {(*OPTIONAL_FIELDS, SPLIT_FIELD)})")
-        if not isinstance(raw["masked"], bool):
-            raise TraceFileError(f"{path}: {where}.masked must be true or false, got {shown(raw['masked'])}")
+    for where, raw in step_objects(raw_steps, path, STEP_FIELDS, (*OPTIONAL_FIELDS, SPLIT_FIELD)):
         m, alpha, l = (floats(raw[k], f"{where}.{k}", path) for k in ("m", "alpha", "l"))  # noqa: E741
-        a = None
-        if raw["a"] is not None:
-            if not isinstance(raw["a"], list):
-                raise TraceFileError(f"{path}: {where}.a must be a list of rows, got {shown(raw['a'])}")
-            rows = [floats(row, f"{where}.a[{r}]", path) for r, row in enumerate(raw["a"])]
-            if len({row.size for row in rows}) > 1:
-                raise TraceFileError(f"{path}: {where}.a has rows of different lengths")
-            a = np.array(rows, dtype=STATE_DTYPE).reshape(len(rows), rows[0].size if rows else 0)
+        a = None if raw["a"] is None else float_rows(raw["a"], f"{where}.a", path)
         optional = {k: floats(raw[k], f"{where}.{k}", path) for k in OPTIONAL_FIELDS if k in raw}
         steps.append(checked_step(
-            path, where, level, geometry, *(_index(raw, k, where, path) for k in INDEX_FIELDS), raw["masked"],
-            m, alpha, l, a, _index(raw, SPLIT_FIELD, where, path) if SPLIT_FIELD in raw else None, **optional,
+            path, where, level, geometry, *(index(raw, k, where, path) for k in INDEX_FIELDS), raw["masked"],
+            m, alpha, l, a, index(raw, SPLIT_FIELD, where, path) if SPLIT_FIELD in raw else None, **optional,
         ))
     return TraceContents(level, tuple(steps), config, _combine_weights(doc, path, config))
 
@@ -125,7 +145,4 @@ def _combine_weights(doc: Mapping, path: Path, config: dict[str, Any]) -> np.nda
         return None
     if not isinstance(raw, list) or not raw:
         raise TraceFileError(f"{path}: combine_weights must be a list of rows (one per split), got {shown(raw)}")
-    rows = [floats(row, f"combine_weights[{s}]", path) for s, row in enumerate(raw)]
-    if len({row.size for row in rows}) > 1:
-        raise TraceFileError(f"{path}: combine_weights has rows of different lengths")
-    return checked_combine_weights(np.array(rows, dtype=STATE_DTYPE), path, config)
+    return checked_combine_weights(float_rows(raw, "combine_weights", path), path, config)

@@ -19,6 +19,7 @@ import numpy as np
 
 from simflash.config import STATE_DTYPE
 from simflash.schedule import TileSchedule
+from simflash.trace_backward_step import BackwardStep
 from simflash.trace_step import TRACE_LEVELS, TileStep
 
 FORMAT_NAME = "simflash.trace"
@@ -48,12 +49,28 @@ class TraceFileError(ValueError):
     """A trace file that is corrupted, truncated, of another format or of an unsupported version."""
 
 
+@attrs.frozen
+class FileKind:
+    """What a trace file's header says it holds: its format name and schema version, and how to load it."""
+
+    format: str
+    schema_version: int
+    what: str  # for messages: "a forward trace"
+    loader: str  # what reads it: "simflash.Trace.load"
+
+
+FORWARD_FILE = FileKind(FORMAT_NAME, SCHEMA_VERSION, "a forward trace", "simflash.Trace.load")
+BACKWARD_FILE = FileKind("simflash.backward_trace", 1, "a backward trace", "simflash.BackwardTrace.load")
+FILE_KINDS = (FORWARD_FILE, BACKWARD_FILE)
+
+
 @attrs.frozen(eq=False)
 class TraceContents:
-    """What a trace file holds, checked: the fields of a simflash.trace.Trace."""
+    """What a trace file holds, checked: the fields of a simflash.trace.Trace (or of a
+    simflash.trace_backward.BackwardTrace, with BackwardSteps and no combine weights)."""
 
     level: str
-    steps: tuple[TileStep, ...]
+    steps: tuple[TileStep, ...] | tuple[BackwardStep, ...]
     config: dict[str, Any]
     combine_weights: np.ndarray | None = None  # a split-KV run's (splits, rows), see simflash.trace.Trace
 
@@ -93,19 +110,25 @@ def parse_json(text: str, path: Path, what: str, broken: str) -> Any:
         raise TraceFileError(f"{path}: {what} is not a valid trace: {error}") from None
 
 
-def check_header(doc: Any, path: Path) -> None:
-    """The format name, an integer schema version this code reads, and a known level."""
+def check_header(doc: Any, path: Path, kind: FileKind = FORWARD_FILE) -> None:
+    """The format name of `kind` (a file of the other kind is named as such), an integer schema version
+    this code reads, and a known level."""
     if isinstance(doc, Mapping) and "traceEvents" in doc:
         raise TraceFileError(f"{path}: a Perfetto timeline, not a simflash trace; load the .json or .npz trace")
-    if not isinstance(doc, Mapping) or doc.get("format") != FORMAT_NAME:
-        raise TraceFileError(f"{path}: not a simflash trace (expected format {FORMAT_NAME!r})")
+    found = doc.get("format") if isinstance(doc, Mapping) else None
+    if found != kind.format:
+        other = next((k for k in FILE_KINDS if k.format == found), None)
+        if other is not None:
+            raise TraceFileError(f"{path}: {other.what} (format {other.format!r}), not {kind.what}; "
+                                 f"load it with {other.loader}")
+        raise TraceFileError(f"{path}: not a simflash trace (expected format {kind.format!r})")
     version = doc.get("schema_version")
     if isinstance(version, bool) or not isinstance(version, int):
-        raise TraceFileError(f"{path}: schema_version must be an integer (this simflash reads {SCHEMA_VERSION}), "
-                             f"got {shown(version)}")
-    if version != SCHEMA_VERSION:
+        raise TraceFileError(f"{path}: schema_version must be an integer (this simflash reads "
+                             f"{kind.schema_version}), got {shown(version)}")
+    if version != kind.schema_version:
         raise TraceFileError(f"{path}: schema version {version} is not supported; this simflash reads "
-                             f"version {SCHEMA_VERSION}")
+                             f"version {kind.schema_version} of {kind.what}")
     level = doc.get("level")
     if not isinstance(level, str) or level not in TRACE_LEVELS:
         raise TraceFileError(f"{path}: level must be one of {TRACE_LEVELS}, got {shown(level)}")
@@ -142,14 +165,15 @@ class Geometry:
     num_splits: int | None = None  # a split-KV run's splits: its steps name one, its combine weighs them all
 
 
-def check_config(config: Any, path: Path, has_steps: bool) -> tuple[dict[str, Any], Geometry | None]:
-    """The config as a dict, every known field of the right type; its geometry when there are steps."""
+def check_config(config: Any, path: Path, has_steps: bool,
+                 types: Mapping[str, str] = CONFIG_TYPES) -> tuple[dict[str, Any], Geometry | None]:
+    """The config as a dict, every field `types` knows of its type; its geometry when there are steps."""
     if not isinstance(config, Mapping):
         raise TraceFileError(f"{path}: config must be an object, got {shown(config)}")
     for name, value in config.items():
         if not isinstance(name, str):
             raise TraceFileError(f"{path}: config keys must be strings, got {shown(name)}")
-        kind = CONFIG_TYPES.get(name)
+        kind = types.get(name)
         if kind is not None and not _fits(kind, value):
             raise TraceFileError(f"{path}: config.{name} must be a {kind}, got {shown(value)}")
     # sequences come back from JSON as lists: as tuples, they equal the run's own config again
@@ -189,6 +213,16 @@ def floats(values: Any, where: str, path: Path) -> np.ndarray:
     return np.array([number(n, x) for n, x in enumerate(values)], dtype=np.float64).astype(STATE_DTYPE)
 
 
+def float_rows(values: Any, where: str, path: Path) -> np.ndarray:
+    """A JSON list of rows of numbers (see `floats`) as a float32 (rows, columns) array."""
+    if not isinstance(values, list):
+        raise TraceFileError(f"{path}: {where} must be a list of rows, got {shown(values)}")
+    rows = [floats(row, f"{where}[{r}]", path) for r, row in enumerate(values)]
+    if len({row.size for row in rows}) > 1:
+        raise TraceFileError(f"{path}: {where} has rows of different lengths")
+    return np.array(rows, dtype=STATE_DTYPE).reshape(len(rows), rows[0].size if rows else 0)
+
+
 def checked_step(path: Path, where: str, level: str, geometry: Geometry | None, head: int, i: int, j: int,
                  row_start: int, masked: bool, m: np.ndarray, alpha: np.ndarray, l: np.ndarray,  # noqa: E741
                  a: np.ndarray | None, split: int | None = None, **optional: np.ndarray) -> TileStep:
@@ -212,7 +246,9 @@ def checked_step(path: Path, where: str, level: str, geometry: Geometry | None, 
     if split is not None and split < 0:
         raise TraceFileError(f"{path}: {where}.{SPLIT_FIELD} must be a non-negative integer, got {split}")
     if geometry is not None:
-        _check_against_config(path, where, geometry, head, i, j, row_start, m.size, a)
+        check_tile(path, where, geometry, head, i, j, row_start, m.size, "m")
+        if a is not None and a.shape[1] != geometry.d:
+            raise TraceFileError(f"{path}: {where}.a has {a.shape[1]} columns; the config's d = {geometry.d}")
         if split is not None and split >= (geometry.num_splits or 1):
             raise TraceFileError(f"{path}: {where}.{SPLIT_FIELD} = {split} is outside the config's num_splits = "
                                  f"{geometry.num_splits}")
@@ -236,8 +272,10 @@ def checked_combine_weights(weights: np.ndarray, path: Path, config: dict[str, A
     return weights.astype(STATE_DTYPE)
 
 
-def _check_against_config(path: Path, where: str, g: Geometry, head: int, i: int, j: int, row_start: int,
-                          rows: int, a: np.ndarray | None) -> None:
+def check_tile(path: Path, where: str, g: Geometry, head: int, i: int, j: int, row_start: int, rows: int,
+               rows_field: str) -> None:
+    """Tile (i, j) of head `head` exists in the config's tiling, and starts at row_start with `rows` rows
+    (the length of the step's array `rows_field`)."""
     def refuse(message: str) -> TraceFileError:
         return TraceFileError(f"{path}: {where}.{message}")
 
@@ -256,7 +294,5 @@ def _check_against_config(path: Path, where: str, g: Geometry, head: int, i: int
                      f"i x block_q = {tile_rows.start}")
     expected = tile_rows.stop - tile_rows.start
     if rows != expected:
-        raise refuse(f"m holds {rows} rows; the config's query tile {i} has {expected} (rows {row_start} to "
-                     f"{row_start + expected - 1} of n_q = {s.n_q}, block_q = {s.block_q})")
-    if a is not None and a.shape[1] != g.d:
-        raise refuse(f"a has {a.shape[1]} columns; the config's d = {g.d}")
+        raise refuse(f"{rows_field} holds {rows} rows; the config's query tile {i} has {expected} (rows "
+                     f"{row_start} to {row_start + expected - 1} of n_q = {s.n_q}, block_q = {s.block_q})")

@@ -28,6 +28,34 @@ def test_every_case_has_a_trace_and_a_timeline_per_variant():
     for case in golden.GOLDEN_CASES:
         for variant in FLASH_ALGORITHMS:
             assert {f"{case}.{variant}.json", f"{case}.{variant}.perfetto.json"} <= names
+    assert {f"{case}.fa2_backward.json" for case in golden.GOLDEN_BACKWARD_CASES} <= names
+    assert not any(name.endswith("fa2_backward.perfetto.json") for name in names)  # the backward records no events
+
+
+def test_backward_trace_steps_through_the_ragged_causal_case():
+    trace = sf.BackwardTrace.load(TRACES / "ragged_lower_right.fa2_backward.json")
+    config = trace.config
+    assert (config["n_q"], config["n_kv"], config["block_q"], config["block_kv"]) == (10, 7, 4, 3)
+    assert config["causal"] and config["causal_variant"] == "lower_right" and trace.level == "full"
+    schedule = sf.TileSchedule(10, 7, 4, 3, causal=True, causal_variant="lower_right")
+    assert [(s.j, s.i) for s in trace] == [(j, i) for j in range(3) for i in schedule.q_tiles(j)]
+    assert sorted({(s.i, s.L.size) for s in trace}) == [(0, 4), (1, 4), (2, 2)]  # ragged query tiles
+    assert sorted({(s.j, s.dk_norm.size) for s in trace}) == [(0, 3), (1, 3), (2, 1)]  # and KV tiles
+    first = trace.of_kv_tile(0)[0]
+    assert np.isposinf(first.L[:3]).all() and np.isfinite(first.L[3])  # rows 0-2 see no key ...
+    assert (first.P[:3] == 0).all() and (first.dS[:3] == 0).all()  # ... so their P is exp(-inf) = 0
+    share = np.zeros(10)
+    for step in trace:
+        share[step.rows] += step.p_rowsum
+        np.testing.assert_allclose(step.p_rowsum, step.P.sum(axis=1), rtol=1e-6)
+    np.testing.assert_allclose(share, [0, 0, 0] + [1] * 7, rtol=1e-6)  # P recomputed from L: each row's softmax
+    # The last step of every KV tile holds dK_j and dV_j as the run wrote them.
+    case = golden.GOLDEN_CASES["ragged_lower_right"]()
+    run = sf.flash_attention_backward(case.q, case.k, case.v, case.do, **case.options)
+    for j in range(3):
+        last = trace.of_kv_tile(j)[-1]
+        np.testing.assert_allclose(last.dK, run.dk[last.cols], rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(last.dV, run.dv[last.cols], rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("variant", list(FLASH_ALGORITHMS))
@@ -108,6 +136,19 @@ def test_check_catches_a_changed_value(golden_copy):
     doc["steps"][3]["l"][1] *= 1 + 1e-4
     path.write_text(json.dumps(doc))
     assert golden.check_golden(golden_copy) == [f"{path}: step 3 (head 0, i 1, j 1): l differs"]
+
+
+def test_check_catches_a_changed_backward_value(golden_copy):
+    path = golden_copy / "ragged_lower_right.fa2_backward.json"
+    doc = json.loads(path.read_text())
+    doc["steps"][2]["dV"][0][1] *= 1 + 1e-4
+    path.write_text(json.dumps(doc))
+    step = doc["steps"][2]
+    assert golden.check_golden(golden_copy) == [f"{path}: step 2 (head 0, i {step['i']}, j {step['j']}): dV differs"]
+    doc["format"] = "simflash.trace"
+    path.write_text(json.dumps(doc))
+    assert golden.check_golden(golden_copy) == [f"{path}: a forward trace (format 'simflash.trace'), not a backward "
+                                                "trace; load it with simflash.Trace.load"]
 
 
 def test_check_tolerates_rounding_but_not_structure(golden_copy):

@@ -340,13 +340,14 @@ def test_simflash_modules_import_no_cycle():
 
 def test_trace_file_modules_stand_below_trace_and_api():
     graph = module_graph()
-    for name in ("trace_files", "trace_schema", "trace_json", "trace_npz", "trace_diff", "perfetto", "trace_step"):
+    for name in ("trace_files", "trace_schema", "trace_json", "trace_npz", "trace_diff", "perfetto", "trace_step",
+                 "trace_backward_files", "trace_backward_step"):
         reached, stack = set(), [f"simflash.{name}"]
         while stack:
             for other in graph[stack.pop()] - reached:
                 reached.add(other)
                 stack.append(other)
-        assert not reached & {"simflash.trace", "simflash.api", "simflash.golden"}, name
+        assert not reached & {"simflash.trace", "simflash.trace_backward", "simflash.api", "simflash.golden"}, name
 
 
 def test_trace_io_still_offers_its_names():

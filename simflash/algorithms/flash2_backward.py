@@ -37,7 +37,7 @@ from simflash.config import STATE_DTYPE
 from simflash.grid import kv_head
 from simflash.memory import SimulatedGPU
 from simflash.schedule import TileSchedule
-from simflash.trace_backward import BackwardStep
+from simflash.trace_backward_step import BackwardStep
 
 KERNEL = "flash2_backward"
 

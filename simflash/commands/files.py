@@ -18,6 +18,7 @@ from simflash.algorithms import FLASH_ALGORITHMS
 from simflash.config import CAUSAL_VARIANTS, STORAGE_DTYPES
 
 ALGORITHMS = ("naive", *FLASH_ALGORITHMS)
+BACKWARD_ALGORITHMS = ("naive", "fa2")
 
 console = Console(soft_wrap=True, highlight=False)  # paths stay whole and uncoloured
 
@@ -52,7 +53,8 @@ def golden(
     directory: Annotated[Path | None, typer.Option("--dir", help="Directory of the golden traces (default: the "
                                                        "traces/ of the simflash checkout).")] = None,
 ) -> None:
-    """Regenerate (or --check) the golden traces: every golden case under every tiled variant."""
+    """Regenerate (or --check) the golden traces: every golden case under every tiled variant, and the
+    backward cases through FlashAttention-2's backward."""
     try:
         directory = golden_traces.golden_directory(directory)
     except ValueError as error:
@@ -66,7 +68,8 @@ def golden(
                           "once the change is intended")
             raise typer.Exit(1)
         console.print(f"golden traces in {escape(str(directory))} match the code "
-                      f"({len(golden_traces.GOLDEN_CASES)} cases x {len(FLASH_ALGORITHMS)} variants)")
+                      f"({len(golden_traces.GOLDEN_CASES)} cases x {len(FLASH_ALGORITHMS)} variants, "
+                      f"{len(golden_traces.GOLDEN_BACKWARD_CASES)} backward)")
         return
     for path in golden_traces.write_golden(directory):
         console.print(f"wrote {escape(str(path))} ({path.stat().st_size:,} bytes)")
@@ -74,7 +77,8 @@ def golden(
 
 def export(
     out: OUT,
-    algorithm: Annotated[str, typer.Option(help=f"Algorithm: {', '.join(ALGORITHMS)}.")] = "fa2",
+    algorithm: Annotated[str, typer.Option(help=f"Algorithm: {', '.join(ALGORITHMS)} (with --backward: "
+                                                f"{', '.join(BACKWARD_ALGORITHMS)}).")] = "fa2",
     file_format: Annotated[str | None, typer.Option("--format", help=f"File format: {', '.join(trace_files.FORMATS)} "
                                                     "(default: from the suffix).")] = None,
     n: N = 64, n_kv: N_KV = None, d: D = 16, heads: Annotated[int, typer.Option(help="Heads.")] = 1,
@@ -82,9 +86,17 @@ def export(
     causal_variant: CAUSAL_VARIANT = "upper_left", dtype: DTYPE = "float16", seed: SEED = 0,
     level: Annotated[str, typer.Option(help="Trace level for .json/.npz: stats or full (a timeline records "
                                             "no tile state).")] = "full",
+    backward: Annotated[bool, typer.Option(
+        "--backward", help="Write the backward's trace instead (.json or .npz): a step per tile (j, i) of "
+                           "FlashAttention-2's backward, B_r = --block-q, B_c = --block-kv, on a random output "
+                           "gradient (naive: its configuration, no steps).")] = False,
 ) -> None:
     """Run one configuration on random inputs and write its trace (.json, .npz) or timeline (.perfetto.json)."""
     kind = trace_files.format_for(out, file_format)
+    if backward:
+        _export_backward(out, kind, algorithm, n, n_kv, d, heads, block_q, block_kv, causal, causal_variant, dtype,
+                         seed, level)
+        return
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
     q, k, v = random_inputs(n, n_kv, d, heads, seed)
@@ -98,6 +110,27 @@ def export(
     path = run.trace.save(out, kind, events=run.events)
     what = f"{len(run.events):,} events" if kind == "perfetto" else f"{len(run.trace):,} tile steps"
     console.print(f"wrote {escape(str(path))} ({kind}, {what}, {path.stat().st_size:,} bytes)")
+
+
+def _export_backward(out: Path, kind: str, algorithm: str, n: int, n_kv: int | None, d: int, heads: int,
+                     block_q: int, block_kv: int, causal: bool, causal_variant: str, dtype: str, seed: int,
+                     level: str) -> None:
+    """`export --backward`: the backward's trace on random inputs and a random output gradient."""
+    if kind == "perfetto":
+        raise ValueError("--out a backward trace has no Perfetto timeline (the backward records no events); "
+                         "write .json or .npz")
+    if algorithm not in BACKWARD_ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {BACKWARD_ALGORITHMS} with --backward, got {algorithm!r}")
+    q, k, v = random_inputs(n, n_kv, d, heads, seed)
+    do = np.random.default_rng([seed, 1]).standard_normal(q.shape)  # a stream of its own: q, k, v as without
+    common = {"causal": causal, "causal_variant": causal_variant, "dtype": dtype}
+    if algorithm == "naive":
+        run = sf.naive_attention_backward(q, k, v, do, **common)
+    else:
+        run = sf.flash_attention_backward(q, k, v, do, block_q, block_kv, trace=level, **common)
+    path = run.trace.save(out, kind)
+    console.print(f"wrote {escape(str(path))} ({kind}, backward, {len(run.trace):,} tile steps, "
+                  f"{path.stat().st_size:,} bytes)")
 
 
 plot_app = typer.Typer(help="Draw pictures (PNG or SVG by the --out suffix).", no_args_is_help=True)
