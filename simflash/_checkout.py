@@ -28,8 +28,9 @@ class CheckoutBackendsFinder(importlib.abc.MetaPathFinder):
 
 
 def register() -> None:
-    """Appends the finder to sys.meta_path when this simflash/ sits in a checkout; an installed one is left alone."""
+    """Puts the finder first on sys.meta_path when this simflash/ sits in a checkout (ahead of an editable
+    install's finder, which would map the name to another checkout's backends/); an installed one is left alone."""
     in_checkout = (PACKAGE.parent / "pyproject.toml").is_file() and (BACKENDS / "__init__.py").is_file()
     installed_backends = (PACKAGE / "backends").exists()
     if in_checkout and not installed_backends and not any(isinstance(f, CheckoutBackendsFinder) for f in sys.meta_path):
-        sys.meta_path.append(CheckoutBackendsFinder())
+        sys.meta_path.insert(0, CheckoutBackendsFinder())

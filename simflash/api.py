@@ -492,8 +492,9 @@ def naive_forward(q, k, v, causal, causal_variant, scale, dtype, *, record_event
             for _ in run_bodies({cta: (lambda cta=cta, kernel=kernel: _attributed(
                     machine, cta.index, NAIVE_CTAS[kernel](machine, sched, scale, cta))) for cta in ctas}, 1):
                 pass
-        if kernel == NAIVE_KERNELS[0]:
-            overflow = int(np.isinf(hbm.inspect("S").astype(STATE_DTYPE)).sum())
+        if kernel == NAIVE_KERNELS[0]:  # only the stored entries: masked ones are never written
+            stored = np.isinf(hbm.inspect("S").astype(STATE_DTYPE))
+            overflow = int((stored & sched.mask(0, 0)).sum() if sched.masks else stored.sum())
     return Run(
         out=hbm.inspect("O").reshape(np.shape(q)),
         traffic=hbm.traffic(),

@@ -191,6 +191,26 @@ def test_fp16_naive_overflow_is_reported_not_warned(qkv):
     assert sf.naive_attention(*qkv).overflow == 0 and sf.naive_attention(*qkv).overflow_note == ""
 
 
+@pytest.mark.parametrize("mask", [dict(causal=True), dict(causal=True, causal_variant="lower_right"),
+                                  dict(window=(3, 2))])
+def test_masked_entries_never_stored_are_not_counted_as_overflow(qkv, monkeypatch, mask):
+    """S's masked entries are never written: whatever the uninitialised memory holds there (here +inf)
+    is no overflow of the stored scores."""
+    allocate = sf.memory.HBM.allocate
+
+    def garbage_where_unwritten(self, name, shape, dtype, poison=True):
+        allocate(self, name, shape, dtype, poison)
+        if not poison:
+            self.inspect(name)[...] = np.inf
+
+    monkeypatch.setattr(sf.memory.HBM, "allocate", garbage_where_unwritten)
+    run = sf.naive_attention(*qkv, **mask)
+    assert run.overflow == 0 and run.overflow_note == "" and np.isfinite(run.out.astype(np.float32)).all()
+    q, k, v = qkv  # an overflow among the stored entries is still counted, and only those
+    big = sf.naive_attention(np.full_like(q, 1e4), np.full_like(k, 1e4), v, **mask)
+    assert big.overflow == int(sf.numerics.reference_mask(q.shape[-2], k.shape[-2], **mask).sum()) * q.shape[0]
+
+
 # ------------------------------------------------------------------------------------- --json
 
 

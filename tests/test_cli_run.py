@@ -54,6 +54,31 @@ def test_run_reports_bad_arguments():
     assert result.exit_code != 0 and "--dtype: must be one of" in flat(result.output)
 
 
+def test_run_shows_flops_by_kind_and_where_fa1_keeps_o():
+    """The FLOPs-by-kind table (FA-1's per-tile divisions among them), the dtype of FA-1's running O and
+    its "(init)" ledger labels, in the table and the JSON."""
+    args = ["run", "--n", "128", "--d", "16", "--block-q", "32", "--block-kv", "16"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    text = flat(result.output)
+    assert "FLOPs by kind" in text and "non-matmul vs naive" in text
+    assert "FA-1 keeps its running O in HBM in float16 (--fa1-o-accum storage)" in text
+    assert '"O (init)", "l (init)", "m (init)": the released kernel skips them' in text
+    wide = runner.invoke(app, [*args, "--fa1-o-accum", "float32", "--json"])
+    assert wide.exit_code == 0, wide.output
+    data = json.loads(wide.stdout)
+    assert data["fa1_o_accum_dtype"] == "float32"
+    rows = {row["name"]: row for row in data["rows"]}
+    fa1, fa2 = rows["fa1 (O in float32), unmasked"], rows["fa2, unmasked"]
+    # FA-1 divides its B_r x d tile by l_new on every one of the 8 KV tiles; FA-2 divides once
+    assert fa1["flops_by_kind"]["div"] == 8 * 128 * 16 and fa2["flops_by_kind"]["div"] == 128 * 16
+    by_tensor = fa1["traffic"]["by_tensor"]
+    assert by_tensor["O"]["write_bytes"] == 8 * 128 * 16 * 4  # float32: one store per KV tile
+    assert by_tensor["out"]["write_bytes"] == 128 * 16 * 2 and by_tensor["O (init)"]["write_bytes"] == 128 * 16 * 4
+    bad = runner.invoke(app, [*args, "--fa1-o-accum", "float64"])
+    assert bad.exit_code == 2 and "--fa1-o-accum" in flat(bad.output) and "float64" in flat(bad.output)
+
+
 def test_bench_writes_its_measurements(tmp_path):
     out = tmp_path / "bench.json"
     result = runner.invoke(app, ["bench", "--n", "256", "--d", "32", "--big-n", "1024", "--repeat", "1",

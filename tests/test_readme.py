@@ -65,3 +65,18 @@ def test_readme_figures_are_the_committed_measurements():
                    (int(n), int(d), causal == "yes"))
         assert (ours, sdpa, ratio) == (f"{row['fa2']['128x64']['tflops']:.1f}", f"{row['sdpa_flash']['tflops']:.1f}",
                                        f"{row['fa2']['128x64']['tflops'] / row['sdpa_flash']['tflops']:.2f}")
+
+
+def test_readme_says_beside_the_66_mib_that_fa2_always_writes_l():
+    """The note beside the 66 MiB: FlashAttention-2's kernel writes L too, and how to count it; its
+    figures are the closed form's."""
+    import simflash as sf
+    from simflash.config import KiB, MiB
+
+    text = " ".join(README.read_text().split())
+    plain = sf.model.flash_traffic(4096, 128).total_bytes
+    with_l = sf.model.flash_traffic(4096, 128, write_logsumexp=True).total_bytes
+    assert plain == 66 * MiB
+    note = text[text.index("The 66 MiB of FA-2 leaves out the logsumexp"):]
+    assert f"+{(with_l - plain) // KiB} KiB per head at N = 4096, {with_l / MiB:.2f} MiB in all" in note
+    assert "write_logsumexp=True" in note and "simflash run --write-logsumexp" in note

@@ -30,7 +30,7 @@ def make_console(stderr: bool = False) -> Console:
 
 # Names the library uses for what a command's option feeds it, by the option's parameter name.
 LIBRARY_NAMES = {"ns": "n", "ds": "d", "s_kernel": "kernel_speedup", "sram_bytes": "sram_kib", "n_q": "n",
-                 "trace": "level"}
+                 "trace": "level", "o_accum_dtype": "fa1_o_accum", "timeout_s": "timeout"}
 
 
 def _option(param: Any) -> str:

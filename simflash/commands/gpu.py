@@ -417,19 +417,40 @@ def sdpa_check(
 
 @gpu_app.command()
 def sanitize(
-    tool: Annotated[str, typer.Option(help="compute-sanitizer tools, comma-separated.")] = "memcheck,racecheck",
-    save: Annotated[Path | None, typer.Option(help="Write the sanitizers' full output here.")] = None,
+    tool: Annotated[str, typer.Option(help="compute-sanitizer tools, comma-separated (memcheck, racecheck, "
+                                           "initcheck, synccheck).")] = "memcheck,racecheck",
+    save: Annotated[Path | None, typer.Option(help="Write the result as JSON here (summary and every run's full "
+                                                   "output), rewritten after each run.")] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds one sanitizer run (a tool over one group of "
+                                                "kernels) may take before it is killed and counted "
+                                                "not clean.")] = 240.0,
 ) -> None:
-    """compute-sanitizer over both kernels, both builds, on small configurations."""
-    from simflash.backends.sanitize import run
+    """compute-sanitizer over every kernel the backend ships (forward v1 and v2, Flash-Decoding's split and
+    combine, the backward's preprocess, main and convert, the naive softmax), both builds, on small ragged,
+    causal, windowed and grouped configurations: one line per kernel and tool, exit 1 unless all are clean."""
+    from simflash.backends.sanitize import sanitize as run_all
+    from simflash.backends.sanitize import summary_line
+
+    command = _command_line()
+
+    def after_each(record: dict, latest) -> None:
+        typer.echo(f"ran {latest.tool} over {latest.group}: {'clean' if latest.clean else 'NOT CLEAN'} "
+                   f"(exit {'killed at the time limit' if latest.exit_code is None else latest.exit_code})")
+        if save is not None:
+            save.write_text(json.dumps({"command": command, "complete": False, **record}, indent=1) + "\n")
 
     with user_errors():
-        results = [run(name) for name in tool.split(",")]
-    if save is not None:
-        save.write_text("".join(f"$ {r['command']}\n{r['output']}\n" for r in results))
-    for r in results:
-        typer.echo(f"{r['tool']}: {'clean' if r['clean'] else 'NOT CLEAN'} (exit {r['exit_code']})")
-    if not all(r["clean"] for r in results):
+        if save is not None:  # an unwritable path is refused before any run
+            save.write_text(json.dumps({"command": command, "complete": False}, indent=1) + "\n")
+        record = run_all(tool.split(","), timeout, after_each)
+        if save is not None:
+            save.write_text(json.dumps({"command": command, "complete": True, **record}, indent=1) + "\n")
+    for entry in record["kernels"]:
+        typer.echo(summary_line(entry))
+    bad = sum(not entry["clean"] for entry in record["kernels"])
+    typer.echo(f"{record['sanitizer']}: " + ("all clean" if not bad else f"{bad} of {len(record['kernels'])} "
+                                             "(tool, kernel) pairs NOT CLEAN"))
+    if bad:
         raise typer.Exit(1)
 
 
