@@ -2,8 +2,7 @@
 # Version 3's evidence in one call on the GPU machine (run from the repo root):
 #   bash benchmarks/gpu/v3_run.sh
 # Installs simflash, then: the tiny-input diagnosis of v3 and its quick validation (a failure stops the
-# run), the SASS of its cubins (wgmma, TMA, setmaxnreg), the bench of every version against SDPA flash /
-# cuDNN / efficient, the full validation of v3, compute-sanitizer over every version, Nsight Compute
+# run), the bench of every version against SDPA flash / cuDNN / efficient, the full validation of v3, compute-sanitizer over every version, Nsight Compute
 # over v3 with and without ping-pong, and the GPU tests. Results go to $OUT (or ./gpu-out):
 # bench_versions_v3.json, validate_v3.json, kernel_profile_v3.json, sanitizer_v3.txt, v3_log.txt.
 set -u -o pipefail
@@ -22,11 +21,6 @@ step diagnose v3
 timeout 120 python3 benchmarks/gpu/diagnose.py v3 2>&1 | tee -a "$log"
 step validate quick v3
 sf 180 gpu validate --quick --kernel v3 2>&1 | tee -a "$log" || { step stopped; exit 1; }
-
-step sass
-for f in /tmp/simflash-*/*.cubin; do
-  echo "$f: $(cuobjdump -sass "$f" | grep -oE 'HGMMA\.[A-Z0-9x.]*|UTMALDG|UTMASTG|USETMAXREG|SYNCS\.[A-Z.]*|LDL|STL' | sort | uniq -c | tr '\n' ' ')"
-done 2>&1 | tee -a "$log"
 
 step bench
 sf 240 gpu bench --kernel v3,v3-nopp,v2,v1 --n 4096,16384 --d 64,128 --causal both --tiles 128x64,128x128 \
