@@ -65,8 +65,9 @@ def _compiled(name_expression: str):
     folder = os.path.join(tempfile.gettempdir(), f"simflash-{os.getuid()}")
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, hashlib.sha256(cubin).hexdigest()[:24] + ".cubin")
-    with open(path, "wb") as file:
+    with tempfile.NamedTemporaryFile(dir=folder, delete=False) as file:  # whole, or not there: processes share it
         file.write(cubin)
+    os.replace(file.name, path)
     return cupy.RawModule(path=path).get_function(lowered)
 
 

@@ -328,6 +328,14 @@ def test_the_committed_bench_of_version_3_meets_the_target_at_n_4096_d_128():
     for row in rows.values():  # ping-pong is a lever: v3 beats v3-nopp at its best tile everywhere
         assert max(t["tflops"] for t in row["versions"]["v3"].values()) > \
             max(t["tflops"] for t in row["versions"]["v3-nopp"].values())
+    # a second call, another machine: the same to a few per cent, well under the lever
+    repeat = _load("bench_v3_repeat.json")
+    assert repeat["command"].startswith("simflash gpu bench --kernel v3,v3-nopp --n 4096 --d 128")
+    for again in repeat["rows"]:
+        first = rows[4096, 128, again["config"]["causal"]]["versions"]
+        v3, nopp = again["versions"]["v3"]["128x128"]["tflops"], again["versions"]["v3-nopp"]["128x128"]["tflops"]
+        assert v3 == pytest.approx(first["v3"]["128x128"]["tflops"], rel=0.05) and v3 > 1.1 * nopp
+        assert nopp == pytest.approx(first["v3-nopp"]["128x128"]["tflops"], rel=0.05)
 
 
 def test_the_committed_profile_shows_what_ping_pong_changed():
