@@ -116,7 +116,8 @@ def bench_config(config: BenchConfig, seed: int, tiles: tuple[tuple[int, int], .
                                              heads=c.heads).total_bytes
             timing["logical_bandwidth"] = bandwidth(logical, timing)
             timings[f"{kernel.block_q}x{kernel.block_kv}"] = timing
-        launch(*built[0][:1], Q, K, V, O, built[0][1], scale)
+        kernel, sched = built[0]
+        launch(kernel, Q, K, V, O, sched, scale)
         outputs[version] = O.view(cupy.float16).copy()
     row["fa2"] = row["versions"][versions[0]]
     headline = next(iter(row["fa2"].values()))

@@ -149,7 +149,7 @@ def flash_attention(
     pack_gqa = check_bool("pack_gqa", pack_gqa)
     Q, K, V, scale = prepare_inputs(q, k, v, dtype, scale, causal_variant)
     write_logsumexp = check_bool("write_logsumexp", write_logsumexp)
-    if write_logsumexp and version != "v1":
+    if write_logsumexp and kernel_version(version) is not Flash2Kernel:
         raise ValueError(f"kernel version {version} writes no logsumexp L: write_logsumexp=True needs version v1")
     heads, n_q, d = Q.shape
     kernel = kernel_version(version)(dtype, block_q, block_kv, d, bool(instrumented))
