@@ -74,7 +74,6 @@ class RunConfig:
     num_splits: int | None = None  # split-KV runs (Flash-Decoding): runs of KV tiles per query tile
     cache_seqlens: tuple[int, ...] | None = attrs.field(  # split-KV runs: each batch element's valid K/V rows
         default=None, converter=lambda v: None if v is None else tuple(int(n) for n in v))
-    p_registers: str = DEFAULT_P_REGISTERS  # FA-2: P_ij over S_ij's registers, or its own (simflash.onchip)
 
     @property
     def cta_heads(self) -> int:
@@ -211,6 +210,9 @@ class _FlashSetup:
     request: TraceRequest
     config: RunConfig
     q_shape: tuple[int, ...]
+    # FA-2: P_ij over S_ij's registers, or its own (simflash.onchip); not in the config, which the trace
+    # records: it changes the register report only, no tile state
+    p_registers: str = DEFAULT_P_REGISTERS
 
 
 def pack_heads(x: np.ndarray, group: int) -> np.ndarray:
@@ -250,7 +252,7 @@ def _flash_setup(
     group = heads // K.shape[0]
     config = RunConfig(variant, heads, n_q, K.shape[1], d, dtype, scale, causal, causal_variant,
                        block_q, block_kv, write_logsumexp, gpu, None, schedule, cache, o_accum_dtype,
-                       kv_stages, window, K.shape[0] if group > 1 else None, pack_gqa, p_registers=p_registers)
+                       kv_stages, window, K.shape[0] if group > 1 else None, pack_gqa)
     sched = config.tile_schedule()
     if pack_gqa:
         Q = pack_heads(Q, group)
@@ -268,7 +270,7 @@ def _flash_setup(
     machine.hbm.allocate("O", Q.shape, Q.dtype)
     if write_logsumexp:
         machine.hbm.allocate("L", Q.shape[:2], STATE_DTYPE)
-    return _FlashSetup(machine, sched, request, config, np.shape(q))
+    return _FlashSetup(machine, sched, request, config, np.shape(q), p_registers)
 
 
 def check_o_accum_dtype(variant: str, o_accum_dtype: object) -> str:
@@ -322,8 +324,7 @@ def _trace_config(config: RunConfig) -> dict[str, Any]:
     """A run's config as its trace records it: schedule and cache only where they are not the defaults,
     so the traces of sequential runs without an L2 read as they always have."""
     defaults = {"schedule": "sequential", "cache": None, "o_accum_dtype": "storage", "kv_stages": DEFAULT_KV_STAGES,
-                "window": (-1, -1), "kv_heads": None, "pack_gqa": False, "num_splits": None, "cache_seqlens": None,
-                "p_registers": DEFAULT_P_REGISTERS}
+                "window": (-1, -1), "kv_heads": None, "pack_gqa": False, "num_splits": None, "cache_seqlens": None}
     return {k: v for k, v in attrs.asdict(config).items() if k not in defaults or v != defaults[k]}
 
 
@@ -338,7 +339,7 @@ def _flash_steps(setup: _FlashSetup) -> Generator[TileStep, None, Run]:
     yield from run_tiled(machine, config.algorithm, sched, config.scale, setup.request,
                          write_logsumexp=config.write_logsumexp, slots=slots,
                          longest_first=concurrent and profile.longest_first, o_accum_dtype=config.o_accum_dtype,
-                         kv_stages=config.kv_stages, p_registers=config.p_registers)
+                         kv_stages=config.kv_stages, p_registers=setup.p_registers)
     output = FLASH_ALGORITHMS[config.algorithm].output(config.o_accum_dtype)
     group = config.heads // machine.hbm.shape("K")[0]
 

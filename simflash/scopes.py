@@ -126,7 +126,7 @@ def on_chip_scopes(
                      for i, nbytes in state_by_tile.items())
     return ScopesReport(
         n_q=n, n_kv=n_kv, d=d, block_q=run.config.block_q, block_kv=block_kv, dtype=dtype,
-        kv_stages=kv_stages, p_registers=run.config.p_registers, threads=cta_threads(min(block_q, n)),
+        kv_stages=kv_stages, p_registers=p_registers, threads=cta_threads(min(block_q, n)),
         capacity_bytes=run.on_chip.shared.capacity_bytes,
         register_capacity_bytes=run.on_chip.registers.capacity_bytes,
         lesson_tiles=lesson_tile_sizes(min(block_q, n), min(block_kv, n_kv), d, dtype),
