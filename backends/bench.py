@@ -17,7 +17,7 @@ import attrs
 import numpy as np
 
 import simflash as sf
-from simflash.backends.flash2 import kernel_version, launch, poisoned_output
+from simflash.backends.flash2 import builds, kernel_version, launch, poisoned_output
 from simflash.backends.kernels import import_cupy
 from simflash.backends.naive import NaivePath
 from simflash.schedule import TileSchedule
@@ -80,7 +80,8 @@ def bench_config(config: BenchConfig, seed: int, tiles: tuple[tuple[int, int], .
                  naive_max_n: int = 16384, math_max_n: int = 4096, gpu: str = "H200",
                  dram: dict | None = None, versions: tuple[str, ...] = ("v1",)) -> dict:
     """Time one configuration every way; `dram` maps kernel -> DRAM bytes a profile measured for it.
-    The first version's first tile shape is the headline ("fa2"); "versions" holds every version's."""
+    The first version's first tile shape is the headline ("fa2"); "versions" holds every version's, at
+    the tile shapes it is built for."""
     cupy = import_cupy()
     c = config
     spec = sf.GPUS[gpu]
@@ -104,18 +105,22 @@ def bench_config(config: BenchConfig, seed: int, tiles: tuple[tuple[int, int], .
     row["versions"] = {}
     for version in versions:
         timings = row["versions"][version] = {}
-        for block_q, block_kv in tiles:
-            sched = TileSchedule(c.n, c.n, block_q, block_kv, causal=c.causal)
-            kernel = kernel_version(version)(DTYPE, block_q, block_kv, c.d)
+        built = [(kernel_version(version)(DTYPE, block_q, block_kv, c.d), TileSchedule(c.n, c.n, block_q, block_kv,
+                                                                                        causal=c.causal))
+                 for block_q, block_kv in tiles if builds(version, block_q, block_kv, c.d)]
+        if not built:
+            raise ValueError(f"kernel version {version} is built for none of the tile shapes {list(tiles)} at d={c.d}")
+        for kernel, sched in built:
             timing = rate(time_ms(lambda: launch(kernel, Q, K, V, O, sched, scale)))
-            logical = sf.model.flash_traffic(c.n, c.d, block_q, block_kv, DTYPE, c.causal, heads=c.heads).total_bytes
+            logical = sf.model.flash_traffic(c.n, c.d, kernel.block_q, kernel.block_kv, DTYPE, c.causal,
+                                             heads=c.heads).total_bytes
             timing["logical_bandwidth"] = bandwidth(logical, timing)
-            timings[f"{block_q}x{block_kv}"] = timing
-        launch(kernel_version(version)(DTYPE, tiles[0][0], tiles[0][1], c.d), Q, K, V, O,
-               TileSchedule(c.n, c.n, tiles[0][0], tiles[0][1], causal=c.causal), scale)
+            timings[f"{kernel.block_q}x{kernel.block_kv}"] = timing
+        kernel, sched = built[0]
+        launch(kernel, Q, K, V, O, sched, scale)
         outputs[version] = O.view(cupy.float16).copy()
     row["fa2"] = row["versions"][versions[0]]
-    headline = row["fa2"][f"{tiles[0][0]}x{tiles[0][1]}"]
+    headline = next(iter(row["fa2"].values()))
     outputs["fa2"] = outputs[versions[0]]
     if dram and "flash2_forward" in dram:
         headline["dram_bandwidth"] = bandwidth(dram["flash2_forward"], headline)

@@ -6,7 +6,7 @@
 tile) and hands back a GPURun whose `traffic` compares equal to the simulator's; with
 write_logsumexp=True the kernel also writes L, for a backward pass, as the simulator does. `launch` is the
 device-array entry point the timing and profiling code uses. The kernel comes in numbered versions
-(VERSIONS: one .cu file each, same arguments and results); `version` picks one. Only v1 writes L.
+(VERSIONS: one .cu file each, same results; v3 takes tensor maps); `version` picks one. Only v1 writes L.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import numpy as np
 
 from simflash.api import prepare_inputs
 from simflash.backends.flash2_v2 import Flash2V2Kernel
+from simflash.backends.flash2_v3 import Flash2V3Kernel, Flash2V3NoPingPongKernel, tensor_maps
 from simflash.backends.kernels import Flash2Kernel, import_cupy
 from simflash.config import check_bool
 from simflash.memory import Flow, Traffic
@@ -23,8 +24,10 @@ from simflash.schedule import TileSchedule
 
 KERNEL = "flash2_forward"  # the ledger's kernel name, as in the simulator
 COUNTED_TENSORS = ("Q", "K", "V", "O", "L")  # order of the kernel's bytes_moved counters (L: v1, when written)
-# The kernel versions by name: v1 flash2_forward.cu, v2 flash2_forward_v2.cu (FA-2's own layout).
-VERSIONS = {"v1": Flash2Kernel, "v2": Flash2V2Kernel}
+# The kernel versions by name: v1 flash2_forward.cu, v2 flash2_forward_v2.cu (FA-2's own layout),
+# v3 flash2_forward_v3.cu (FA-3's layout on Hopper: TMA, wgmma, warp specialisation, ping-pong), and
+# v3-nopp the same kernel without ping-pong.
+VERSIONS = {"v1": Flash2Kernel, "v2": Flash2V2Kernel, "v3": Flash2V3Kernel, "v3-nopp": Flash2V3NoPingPongKernel}
 # Output poison: a NaN bit pattern per storage dtype, so an element the kernel never wrote shows up.
 POISON_BITS = {"float16": 0x7E00, "bfloat16": 0x7FC0}
 UNBOUNDED = 1 << 30  # a window side with no bound, as the kernels take it (flash2_tile.cuh's Visibility)
@@ -85,12 +88,13 @@ def launch(kernel: Flash2Kernel, Q, K, V, O, sched: TileSchedule, scale: float, 
         raise ValueError(f"shapes Q {Q.shape}, K {K.shape}, V {V.shape} do not match the schedule and d={kernel.d}")
     null = np.uint64(0)
     trace_head, trace_tile, trace_m, trace_l = trace if trace is not None else (-1, -1, null, null)
-    if isinstance(kernel, Flash2V2Kernel):  # multi-head, causal or not: its bounds are one flag
+    if isinstance(kernel, (Flash2V2Kernel, Flash2V3Kernel)):  # multi-head, causal or not: bounds are one flag
+        name = "v2" if isinstance(kernel, Flash2V2Kernel) else "v3"  # v3-nopp is v3 built without ping-pong
         if sched.pack != 1 or heads != K.shape[0] or sched.left is not None or sched.right not in (None, 0):
-            raise ValueError("kernel version v2 runs multi-head attention, causal or not: no window, no grouped "
+            raise ValueError(f"kernel version {name} runs multi-head attention, causal or not: no window, no grouped "
                              "query heads (use version v1)")
         if L is not None:
-            raise ValueError("kernel version v2 writes no logsumexp L (use version v1)")
+            raise ValueError(f"kernel version {name} writes no logsumexp L (use version v1)")
         geometry = (np.int32(sched.right == 0), np.int32(sched.diagonal_offset))
         logsumexp = ()
     else:
@@ -98,10 +102,12 @@ def launch(kernel: Flash2Kernel, Q, K, V, O, sched: TileSchedule, scale: float, 
         geometry = (np.int32(sched.pack), np.int32(heads // K.shape[0]), np.int32(sched.diagonal_offset),
                     np.int32(left), np.int32(right))
         logsumexp = (null if L is None else L,)
+    # v3 reads and writes through tensor maps in place of the four pointers
+    tensors = (tensor_maps(kernel, Q, K, V, O),) if isinstance(kernel, Flash2V3Kernel) else (Q, K, V, O)
     kernel.function()(
         (sched.n_q_tiles, heads // sched.pack),
         (kernel.threads,),
-        (Q, K, V, O, np.int32(n_q), np.int32(sched.n_kv), np.float32(scale), *geometry,
+        (*tensors, np.int32(n_q), np.int32(sched.n_kv), np.float32(scale), *geometry,
          null if counters is None else counters, np.int32(trace_head), np.int32(trace_tile), trace_m, trace_l,
          *logsumexp),
         shared_mem=kernel.shared_bytes,
@@ -113,6 +119,15 @@ def kernel_version(version: str) -> type[Flash2Kernel]:
     if version not in VERSIONS:
         raise ValueError(f"version must be one of {list(VERSIONS)}, got {version!r}")
     return VERSIONS[version]
+
+
+def builds(version: str, block_q: int, block_kv: int, d: int) -> bool:
+    """Whether a kernel version is built for a tile shape at head dim d."""
+    try:
+        kernel_version(version)("float16", block_q, block_kv, d)
+    except ValueError:
+        return False
+    return True
 
 
 def flash_attention(
@@ -127,15 +142,15 @@ def flash_attention(
     instrumented: run the counting build, so `traffic` holds the bytes the kernel moved (the timed
     build leaves it None). trace_head/trace_tile pick the one query tile whose m, l are recorded
     after every KV tile (instrumented build only; default: none); heads are those of the CTAs, packed
-    groups with pack_gqa. version: the kernel version (VERSIONS; v2 without windows or grouped heads).
+    groups with pack_gqa. version: the kernel version (VERSIONS; v2 and v3 without windows or grouped heads).
     write_logsumexp: also write L (float32, +inf for a row that saw no key) into `logsumexp`, counted as
     ("flash2_forward", "L"); version v1 only.
     """
     pack_gqa = check_bool("pack_gqa", pack_gqa)
     Q, K, V, scale = prepare_inputs(q, k, v, dtype, scale, causal_variant)
     write_logsumexp = check_bool("write_logsumexp", write_logsumexp)
-    if write_logsumexp and version == "v2":
-        raise ValueError("kernel version v2 writes no logsumexp L: write_logsumexp=True needs version v1")
+    if write_logsumexp and kernel_version(version) is not Flash2Kernel:
+        raise ValueError(f"kernel version {version} writes no logsumexp L: write_logsumexp=True needs version v1")
     heads, n_q, d = Q.shape
     kernel = kernel_version(version)(dtype, block_q, block_kv, d, bool(instrumented))
     sched = TileSchedule(n_q, K.shape[1], block_q, block_kv, causal=bool(causal), causal_variant=causal_variant,

@@ -128,7 +128,8 @@ def profile_versions(configs: list[BenchConfig], versions: tuple[str, ...], tile
 def check_names(rows: list[dict]) -> None:
     """Each profiled kernel is the one its row names (ours by template name, SDPA's by its own)."""
     for row in rows:
-        expected = {"v1": "flash2_forward<", "v2": "flash2_forward_v2<", SDPA_FLASH: "flash_fwd"}[row["kernel"]]
+        expected = {"v1": "flash2_forward<", "v2": "flash2_forward_v2<", "v3": "flash2_forward_v3<",
+                    "v3-nopp": "flash2_forward_v3<", SDPA_FLASH: "flash_fwd"}[row["kernel"]]
         if expected not in row["ncu_name"]:
             raise RuntimeError(f"row {row['kernel']} profiled {row['ncu_name']!r}")
 

@@ -13,7 +13,9 @@ Table = tuple[list[str], list[list[str]]]  # headers, rows
 RESULT_FILES = {"validate": "validate.json", "profile": "profile.json", "bench": "bench.json",
                 "sdpa": "sdpa_check.json", "validate_gqa": "validate_gqa.json", "validate_decode": "validate_decode.json",
                 "decode_bench": "decode_bench.json", "validate_v2": "validate_v2.json", "versions": "bench_versions.json",
-                "kernel_profile": "kernel_profile.json", "backward_validate": "backward_validate.json",
+                "kernel_profile": "kernel_profile.json", "validate_v3": "validate_v3.json",
+                "versions_v3": "bench_versions_v3.json", "kernel_profile_v3": "kernel_profile_v3.json",
+                "backward_validate": "backward_validate.json",
                 "backward_bench": "backward_bench.json", "backward_profile": "backward_profile.json"}
 
 
@@ -340,6 +342,13 @@ def tables(results: dict) -> dict[str, Table]:
         out["versions"] = versions_table(results["versions"]["rows"])
     if "kernel_profile" in results:
         out["kernel_profile"] = kernel_profile_table(results["kernel_profile"])
+    if "validate_v3" in results:
+        out["validate_v3"] = validate_table(results["validate_v3"])
+        out["resources_v3"] = resources_table(results["validate_v3"])
+    if "versions_v3" in results:
+        out["versions_v3"] = versions_table(results["versions_v3"]["rows"])
+    if "kernel_profile_v3" in results:
+        out["kernel_profile_v3"] = kernel_profile_table(results["kernel_profile_v3"])
     from simflash.backends import report_backward  # it builds on this module's helpers
 
     if "backward_validate" in results:

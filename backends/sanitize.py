@@ -46,6 +46,7 @@ class KernelSource:
 PLAN = (
     KernelSource("flash2_forward.cu", "flash2_forward", "forward-v1"),
     KernelSource("flash2_forward_v2.cu", "flash2_forward_v2", "forward-v2"),
+    KernelSource("flash2_forward_v3.cu", "flash2_forward_v3", "forward-v3"),
     KernelSource("flash_decoding_split.cu", "flash_decoding_split", "decode"),
     KernelSource("flash_decoding_combine.cu", "flash_decoding_combine", "decode"),
     KernelSource("flash2_backward_preprocess.cu", "flash2_backward_preprocess", "backward"),

@@ -101,10 +101,12 @@ def _report(kernel: str, instrumented: bool, label: str, check: str) -> None:
 def _forward(version: str, rng: np.random.Generator) -> None:
     from simflash.backends import flash2
 
-    kernel = {"v1": "flash2_forward", "v2": "flash2_forward_v2"}[version]
+    kernel = {"v1": "flash2_forward", "v2": "flash2_forward_v2", "v3": "flash2_forward_v3",
+              "v3-nopp": "flash2_forward_v3"}[version]
     for c in FORWARD_CONFIGS:
-        if version == "v2" and (c.window != (-1, -1) or c.group != 1 or c.d == 256):
-            continue  # version 2 is built without windows, grouped heads or d = 256
+        if version != "v1" and (c.window != (-1, -1) or c.group != 1
+                                or not flash2.builds(version, c.block_q, c.block_kv, c.d)):
+            continue  # versions 2 and 3 are built without windows or grouped heads, for fewer tile shapes
         q, k, v = inputs(rng, c)
         common = dict(causal=c.causal, causal_variant=c.causal_variant, dtype=c.dtype, window=c.window,
                       pack_gqa=c.pack_gqa, version=version, write_logsumexp=version == "v1" and c == LOGSUMEXP_CONFIG)
@@ -128,6 +130,11 @@ def forward_v1(rng: np.random.Generator) -> None:
 
 def forward_v2(rng: np.random.Generator) -> None:
     _forward("v2", rng)
+
+
+def forward_v3(rng: np.random.Generator) -> None:
+    _forward("v3", rng)
+    _forward("v3-nopp", rng)
 
 
 def decode(rng: np.random.Generator) -> None:
@@ -204,8 +211,8 @@ def naive_softmax(rng: np.random.Generator) -> None:
             _report("naive_softmax", instrumented, label, f"max abs error {error:.2e}")
 
 
-GROUPS = {"forward-v1": forward_v1, "forward-v2": forward_v2, "decode": decode, "backward": backward,
-          "naive-softmax": naive_softmax}
+GROUPS = {"forward-v1": forward_v1, "forward-v2": forward_v2, "forward-v3": forward_v3, "decode": decode,
+          "backward": backward, "naive-softmax": naive_softmax}
 
 
 def main(groups: list[str]) -> None:

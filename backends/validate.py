@@ -298,17 +298,14 @@ def validate(configs: list[CheckConfig], seed: int | None = None, progress=None,
 def version_configs(version: str, quick: bool = False) -> list[CheckConfig]:
     """The configurations to validate a kernel version on: those of default_configs it is built for,
     and (full sweep) for versions after the first, 128x128 tiles at d = 64 as well."""
-    kernel = flash2.kernel_version(version)
     configs = default_configs(quick)
     if version != "v1" and not quick:
         configs += [CheckConfig(1000, 777, 64, 2, causal, variant, dtype, 128, 128)
                     for causal, variant in MASKS for dtype in ("float16", "bfloat16")]
-    return [c for c in configs if _builds(kernel, c)]
-
-
-def _builds(kernel, config: CheckConfig) -> bool:
-    try:
-        kernel(config.dtype, config.block_q, config.block_kv, config.d)
-    except ValueError:
-        return False
-    return True
+    if version.startswith("v3"):  # its 128x128 tile at d = 128 too, over more KV tiles than buffers
+        configs += ([CheckConfig(1000, 777, 128, 2, True, "upper_left", "float16", 128, 128),
+                     CheckConfig(300, 1000, 128, 2, True, "lower_right", "bfloat16", 128, 128)] if quick else
+                    [CheckConfig(n_q, n_kv, 128, 2, causal, variant, dtype, 128, 128)
+                     for n_q, n_kv in ((1000, 777), (300, 1000)) for causal, variant in MASKS
+                     for dtype in ("float16", "bfloat16")])
+    return [c for c in configs if flash2.builds(version, c.block_q, c.block_kv, c.d)]

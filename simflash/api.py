@@ -30,7 +30,15 @@ from simflash.config import (
 from simflash.grid import Schedule, check_schedule, run_bodies
 from simflash.l2 import PhysicalTraffic
 from simflash.memory import HBM, MemoryEvent, OnChipStats, SimulatedGPU, Traffic
-from simflash.onchip import DEFAULT_KV_STAGES, check_fits, check_kv_stages, cta_resources, register_capacity_bytes
+from simflash.onchip import (
+    DEFAULT_KV_STAGES,
+    DEFAULT_P_REGISTERS,
+    check_fits,
+    check_kv_stages,
+    check_p_registers,
+    cta_resources,
+    register_capacity_bytes,
+)
 from simflash.schedule import TileSchedule
 from simflash.trace import DEFAULT_TRACE_BUDGET_BYTES, TileStep, Trace, TraceLevel, TraceRequest, trace_request
 
@@ -202,6 +210,9 @@ class _FlashSetup:
     request: TraceRequest
     config: RunConfig
     q_shape: tuple[int, ...]
+    # FA-2: P_ij over S_ij's registers, or its own (simflash.onchip); not in the config, which the trace
+    # records: it changes the register report only, no tile state
+    p_registers: str = DEFAULT_P_REGISTERS
 
 
 def pack_heads(x: np.ndarray, group: int) -> np.ndarray:
@@ -223,7 +234,7 @@ def _flash_setup(
     q, k, v, *, block_q, block_kv, causal, causal_variant, scale, dtype, variant,
     trace, trace_heads, trace_tiles, trace_budget, write_logsumexp, gpu, sram_bytes, record_events,
     schedule="sequential", cache=None, o_accum_dtype="storage", kv_stages=DEFAULT_KV_STAGES,
-    window=(-1, -1), pack_gqa=False,
+    window=(-1, -1), pack_gqa=False, p_registers=DEFAULT_P_REGISTERS,
 ) -> _FlashSetup:
     if variant not in FLASH_ALGORITHMS:
         raise ValueError(f"variant must be one of {sorted(FLASH_ALGORITHMS)}, got {variant!r}")
@@ -236,6 +247,7 @@ def _flash_setup(
     block_q = check_positive_int("block_q", block_q)
     block_kv = check_positive_int("block_kv", block_kv)
     kv_stages = check_kv_stages(kv_stages)
+    p_registers = check_p_registers(p_registers)
     heads, n_q, d = Q.shape
     group = heads // K.shape[0]
     config = RunConfig(variant, heads, n_q, K.shape[1], d, dtype, scale, causal, causal_variant,
@@ -249,7 +261,8 @@ def _flash_setup(
     tile_rows = min(block_q, sched.n_rows)  # a tile never exceeds the sequence
     machine, capacity = _simulated_gpu(gpu, sram_bytes, record_events, cache, tile_rows)
     if FLASH_ALGORITHMS[variant].kernel_model:  # the kernel's allocation must fit before any CTA runs
-        check_fits(cta_resources(tile_rows, min(block_kv, sched.n_kv), d, dtype, kv_stages), gpu_spec(gpu), capacity)
+        check_fits(cta_resources(tile_rows, min(block_kv, sched.n_kv), d, dtype, kv_stages, p_registers), gpu_spec(gpu),
+                   capacity)
     config = attrs.evolve(config, sram_bytes=capacity)
     machine.hbm.place("Q", Q, Q.dtype)
     machine.hbm.place("K", K, K.dtype)
@@ -257,7 +270,7 @@ def _flash_setup(
     machine.hbm.allocate("O", Q.shape, Q.dtype)
     if write_logsumexp:
         machine.hbm.allocate("L", Q.shape[:2], STATE_DTYPE)
-    return _FlashSetup(machine, sched, request, config, np.shape(q))
+    return _FlashSetup(machine, sched, request, config, np.shape(q), p_registers)
 
 
 def check_o_accum_dtype(variant: str, o_accum_dtype: object) -> str:
@@ -273,7 +286,7 @@ def check_o_accum_dtype(variant: str, o_accum_dtype: object) -> str:
 def run_tiled(
     machine: SimulatedGPU, variant: str, sched: TileSchedule, scale: float, trace: TraceRequest | None = None,
     *, write_logsumexp: bool = False, slots: int = 1, longest_first: bool = False, o_accum_dtype: str = "storage",
-    kv_stages: int = DEFAULT_KV_STAGES,
+    kv_stages: int = DEFAULT_KV_STAGES, p_registers: str = DEFAULT_P_REGISTERS,
 ) -> Iterator[TileStep]:
     """Run every CTA of a registered tiled algorithm on `machine`, as one kernel; yield the traced steps.
 
@@ -282,7 +295,7 @@ def run_tiled(
     own SRAM (`machine.for_cta`), `slots` of them resident at a time (1: one after another, in
     launch order). An algorithm's other HBM tensors are allocated by its `allocate`; the finished
     output is then in `FLASH_ALGORITHMS[variant].output(o_accum_dtype)` ("O" unless FA-1 keeps O in float32).
-    kv_stages goes to algorithms that model the kernel's shared memory (FA-2).
+    kv_stages and p_registers go to algorithms that model the kernel's on-chip state (FA-2).
     """
     algorithm = FLASH_ALGORITHMS[variant]
     check_o_accum_dtype(variant, o_accum_dtype)
@@ -293,6 +306,7 @@ def run_tiled(
     options: dict[str, Any] = {"write_logsumexp": write_logsumexp}
     if algorithm.kernel_model:
         options["kv_stages"] = kv_stages
+        options["p_registers"] = p_registers
     if algorithm.allocate is not None:
         algorithm.allocate(machine.hbm, o_accum_dtype)
         options["o_accum_dtype"] = o_accum_dtype
@@ -325,7 +339,7 @@ def _flash_steps(setup: _FlashSetup) -> Generator[TileStep, None, Run]:
     yield from run_tiled(machine, config.algorithm, sched, config.scale, setup.request,
                          write_logsumexp=config.write_logsumexp, slots=slots,
                          longest_first=concurrent and profile.longest_first, o_accum_dtype=config.o_accum_dtype,
-                         kv_stages=config.kv_stages)
+                         kv_stages=config.kv_stages, p_registers=setup.p_registers)
     output = FLASH_ALGORITHMS[config.algorithm].output(config.o_accum_dtype)
     group = config.heads // machine.hbm.shape("K")[0]
 
@@ -368,6 +382,7 @@ def flash_attention(
     gpu: str = DEFAULT_GPU, sram_bytes: int | None = None, record_events: bool = False,
     schedule: Schedule = "sequential", cache: CacheMode | None = None, o_accum_dtype: OAccumDtype = "storage",
     kv_stages: int = DEFAULT_KV_STAGES, window: tuple[int, int] = (-1, -1), pack_gqa: bool = False,
+    p_registers: str = DEFAULT_P_REGISTERS,
 ) -> Run:
     """Tiled attention on the simulated GPU. q: (..., n_q, d); k, v: (..., n_kv, d).
 
@@ -396,6 +411,9 @@ def flash_attention(
     kv_stages (FA-2): K_j, V_j buffers in shared memory, 2 (double-buffered, as the GPU kernel) or 1;
     a tile configuration whose shared memory (Q_i + kv_stages x (K_j + V_j)) or register-held state
     does not fit `gpu` raises SRAMOverflowError naming block_q, block_kv and d.
+    p_registers (FA-2): where P_ij waits for its P V product: "overwrite_s" (over S_ij's float32
+    registers, as kernel versions 1 and 2) or "own" (registers of its own in the storage dtype, held
+    beside the next tile's S_ij, as version 3 and FlashAttention-3); only the register report differs.
     """
     setup = _flash_setup(
         q, k, v, block_q=block_q, block_kv=block_kv, causal=causal, causal_variant=causal_variant,
@@ -403,7 +421,7 @@ def flash_attention(
         trace_tiles=trace_tiles, trace_budget=DEFAULT_TRACE_BUDGET_BYTES,
         write_logsumexp=write_logsumexp, gpu=gpu, sram_bytes=sram_bytes, record_events=record_events,
         schedule=schedule, cache=cache, o_accum_dtype=o_accum_dtype, kv_stages=kv_stages, window=window,
-        pack_gqa=pack_gqa,
+        pack_gqa=pack_gqa, p_registers=p_registers,
     )
     steps, run = _exhaust(_flash_steps(setup))
     return attrs.evolve(run, trace=attrs.evolve(run.trace, steps=tuple(steps)))

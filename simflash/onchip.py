@@ -5,7 +5,10 @@ backends/flash2_forward.cu (and `flash2_cta`) keep, per CTA of B_r query rows:
     shared memory   Q_i (B_r, d) and kv_stages x (K_j, V_j) (B_c, d) at the storage dtype; the kernel
                     double-buffers K and V (kv_stages = 2: K_{j+1}, V_{j+1} load while tile j computes)
     registers       m_i, l_i (B_r,), a_i (B_r, d) and S_ij (B_r, B_c), all float32; P_ij overwrites
-                    S_ij in the same registers, so it costs nothing more
+                    S_ij in the same registers, so it costs nothing more (p_registers="overwrite_s", kernel
+                    versions 1 and 2), or P_ij (B_r, B_c) in the storage dtype has registers of its own,
+                    kept until the next tile's S_ij is done (p_registers="own", version 3, FlashAttention-3:
+                    the P V product of tile j runs beside S_{i,j+1} = Q_i K_{j+1}^T)
 
 over B_r / 16 warps (one warp per 16 query rows; `Flash2Kernel.threads`). The register count is the
 state's share per thread: a lower bound on what the compiler gives the kernel, which also needs
@@ -24,6 +27,8 @@ from simflash.memory import SRAMOverflowError
 
 KV_STAGES = (1, 2)
 DEFAULT_KV_STAGES = 2  # the backend kernel double-buffers K_j and V_j
+P_REGISTERS = ("overwrite_s", "own")  # where P_ij waits for the P V product (see the module's text)
+DEFAULT_P_REGISTERS = "overwrite_s"
 TILE_STEP = 16  # B_r and B_c are multiples of 16 on the tensor cores (one m16n8k16 fragment)
 WARP_ROWS = 16  # query rows per warp
 WARP_THREADS = 32
@@ -44,6 +49,13 @@ def check_kv_stages(kv_stages: object) -> int:
     return int(kv_stages)
 
 
+def check_p_registers(p_registers: object) -> str:
+    if p_registers not in P_REGISTERS:
+        raise ValueError(f"p_registers must be one of {list(P_REGISTERS)} (P_ij over S_ij's registers, or its own), "
+                         f"got {p_registers!r}")
+    return str(p_registers)
+
+
 def cta_threads(block_q: int) -> int:
     """Threads of one CTA: one warp per 16 query rows (`Flash2Kernel.threads`; a partial warp counts whole)."""
     return -(-check_positive_int("block_q", block_q) // WARP_ROWS) * WARP_THREADS
@@ -59,7 +71,7 @@ class CTAResources:
     dtype: str
     kv_stages: int
     shared_by_buffer: dict[str, int]  # Q_i, and K_j and V_j per stage
-    register_by_buffer: dict[str, int]  # m_i, l_i, a_i, S_ij (float32)
+    register_by_buffer: dict[str, int]  # m_i, l_i, a_i, S_ij (float32); P_ij (storage dtype) if its own
 
     @property
     def threads(self) -> int:
@@ -92,13 +104,15 @@ class CTAResources:
 
 
 def cta_resources(block_q: int, block_kv: int, d: int, dtype: str = "float16",
-                  kv_stages: int = DEFAULT_KV_STAGES) -> CTAResources:
+                  kv_stages: int = DEFAULT_KV_STAGES, p_registers: str = DEFAULT_P_REGISTERS) -> CTAResources:
     """What one CTA of B_r = block_q rows and B_c = block_kv keys holds, as the backend kernel does."""
     B_r, B_c = check_positive_int("block_q", block_q), check_positive_int("block_kv", block_kv)
     d = check_positive_int("d", d)
     b, s = storage_dtype(dtype).itemsize, STATE_DTYPE.itemsize
     shared = {"Q_i": B_r * d * b, "K_j": B_c * d * b, "V_j": B_c * d * b}
     registers = {"m_i": B_r * s, "l_i": B_r * s, "a_i": B_r * d * s, "S_ij": B_r * B_c * s}
+    if check_p_registers(p_registers) == "own":
+        registers["P_ij"] = B_r * B_c * b
     return CTAResources(B_r, B_c, d, dtype, check_kv_stages(kv_stages), shared, registers)
 
 

@@ -3,8 +3,9 @@ scopes of the softmax statistics (m, l over a whole head; m_i, l_i and a_i live 
 
 Every number is read off a FlashAttention-2 run on the simulated GPU: the buffers its CTAs hold
 (`run.events`), their peaks (`run.on_chip`) and the ledger (`run.traffic`). Shared memory holds Q_i and
-kv_stages x (K_j, V_j); registers hold m_i, l_i, a_i and S_ij (P_ij overwrites it), float32, as the
-backend kernel does: the report equals `Flash2Kernel.shared_bytes` for the same tiles. None of these
+kv_stages x (K_j, V_j); registers hold m_i, l_i, a_i and S_ij, float32, and P_ij over S_ij
+(p_registers="overwrite_s", kernel versions 1 and 2) or beside it in the storage dtype ("own", version 3),
+as the backend kernels do: the report equals the kernel's shared memory for the same tiles. None of these
 scopes depends on the key length once every K/V stage has held a full tile, so the run uses kv_stages
 KV tiles unless told otherwise: that keeps the lesson's N = 4096 instant without changing a byte.
 """
@@ -19,7 +20,7 @@ import numpy as np
 from simflash.api import flash_attention
 from simflash.config import DEFAULT_GPU, check_positive_int
 from simflash.memory import MemoryEvent
-from simflash.onchip import DEFAULT_KV_STAGES, check_kv_stages, cta_threads, lesson_tile_sizes
+from simflash.onchip import DEFAULT_KV_STAGES, DEFAULT_P_REGISTERS, check_kv_stages, cta_threads, lesson_tile_sizes
 
 SHARED = "shared memory"
 REGISTERS = "registers"
@@ -46,6 +47,7 @@ class ScopesReport:
     block_kv: int
     dtype: str
     kv_stages: int
+    p_registers: str  # where P_ij waits for its P V product (simflash.onchip)
     threads: int  # per CTA: one warp per 16 query rows, as the backend kernel launches it
     capacity_bytes: int  # the configured shared-memory carve-out
     register_capacity_bytes: int  # the CTA's share of the register file
@@ -75,6 +77,7 @@ def _cta_occupancy(events: list[MemoryEvent]) -> tuple[dict[str, int], int]:
 def on_chip_scopes(
     n: int = 4096, d: int = 128, block_q: int = 128, block_kv: int = 64, dtype: str = "float16", *,
     n_kv: int | None = None, gpu: str = DEFAULT_GPU, seed: int = 0, kv_stages: int = DEFAULT_KV_STAGES,
+    p_registers: str = DEFAULT_P_REGISTERS,
 ) -> ScopesReport:
     """Run FlashAttention-2 on one head of random inputs and read the scopes off its buffers.
 
@@ -96,7 +99,7 @@ def on_chip_scopes(
     v = rng.standard_normal((n_kv, d))
     run = flash_attention(
         q, k, v, block_q=block_q, block_kv=block_kv, dtype=dtype, variant="fa2", trace="none",
-        write_logsumexp=True, gpu=gpu, record_events=True, kv_stages=kv_stages,
+        write_logsumexp=True, gpu=gpu, record_events=True, kv_stages=kv_stages, p_registers=p_registers,
     )
 
     by_cta: dict[tuple[int, ...], dict[str, list[MemoryEvent]]] = {}
@@ -123,7 +126,7 @@ def on_chip_scopes(
                      for i, nbytes in state_by_tile.items())
     return ScopesReport(
         n_q=n, n_kv=n_kv, d=d, block_q=run.config.block_q, block_kv=block_kv, dtype=dtype,
-        kv_stages=kv_stages, threads=cta_threads(min(block_q, n)),
+        kv_stages=kv_stages, p_registers=p_registers, threads=cta_threads(min(block_q, n)),
         capacity_bytes=run.on_chip.shared.capacity_bytes,
         register_capacity_bytes=run.on_chip.registers.capacity_bytes,
         lesson_tiles=lesson_tile_sizes(min(block_q, n), min(block_kv, n_kv), d, dtype),

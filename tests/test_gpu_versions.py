@@ -17,8 +17,9 @@ import pytest
 from typer.testing import CliRunner
 
 import simflash as sf
-from simflash.backends import flash2, flash2_v2, report, validate
+from simflash.backends import flash2, flash2_v2, flash2_v3, report, validate
 from simflash.backends.flash2_v2 import Flash2V2Kernel
+from simflash.backends.flash2_v3 import Flash2V3Kernel, Flash2V3NoPingPongKernel
 from simflash.backends.kernels import kernel_source
 from simflash.cli import app
 from simflash.memory import Flow, Traffic
@@ -34,13 +35,19 @@ def _load(name: str) -> dict:
 
 
 def test_every_version_is_a_kernel_class_with_its_own_source():
-    assert list(flash2.VERSIONS) == ["v1", "v2"]
+    assert list(flash2.VERSIONS) == ["v1", "v2", "v3", "v3-nopp"]
     text = kernel_source(flash2_v2.SOURCE)
     assert "__global__ void __launch_bounds__(B_r, 2) flash2_forward_v2" in text and '#include "' not in text
     assert Flash2V2Kernel("bfloat16", 128, 64, 128, instrumented=True).name_expression == \
         "flash2_forward_v2<1, 128, 64, 128, true>"
-    with pytest.raises(ValueError, match=r"^version must be one of \['v1', 'v2'\], got 'v3'"):
-        flash2.kernel_version("v3")
+    text = kernel_source(flash2_v3.SOURCE)
+    assert "flash2_forward_v3(" in text and "wgmma.mma_async" in text and '#include "' not in text
+    assert Flash2V3Kernel("bfloat16", 128, 128, 64, instrumented=True).name_expression == \
+        "flash2_forward_v3<1, 128, 64, true, true>"
+    assert Flash2V3NoPingPongKernel("float16", 128, 64, 128).name_expression == \
+        "flash2_forward_v3<0, 64, 128, false, false>"
+    with pytest.raises(ValueError, match=r"^version must be one of \['v1', 'v2', 'v3', 'v3-nopp'\], got 'v9'"):
+        flash2.kernel_version("v9")
 
 
 def test_version_2_has_one_warp_per_32_rows_and_single_padded_buffers():
@@ -197,4 +204,156 @@ def test_docs_show_the_versions_tables():
     page = (REPO / "docs" / "gpu.md").read_text()
     tables = report.tables(report.load(RESULTS))
     for name in ("versions", "kernel_profile", "validate_v2", "resources_v2"):
+        assert report.markdown(tables[name]) in page, f"docs/gpu.md lacks the current {name} table"
+
+
+# ---- version 3 (Hopper: TMA, wgmma, warp specialisation, ping-pong)
+
+V3_SIGNATURE = "(const unsigned char*, int, int, float, int, int, u64*, int, int, float*, float*)"
+
+
+def test_version_3_is_three_warpgroups_over_two_stages_of_swizzled_tiles():
+    kernel = Flash2V3Kernel("float16", 128, 128, 128)
+    assert kernel.threads == 384 and kernel.pingpong and not Flash2V3NoPingPongKernel().pingpong
+    # Q_i and two stages of K_j, V_j, plus the 1 KiB that aligns them to the swizzle's 1024-byte atoms
+    assert kernel.shared_bytes == 1024 + (128 + 2 * 2 * 128) * 128 * 2 <= sf.GPUS["H200"].max_shared_bytes_per_cta
+    assert flash2.builds("v3", 128, 64, 64) and not flash2.builds("v3", 64, 64, 64)
+    assert not flash2.builds("v3", 128, 32, 128) and not flash2.builds("v3", 128, 64, 256)
+
+
+@pytest.mark.parametrize(("change", "argument"), [(dict(d=256), "d"), (dict(block_q=64), "block_q"),
+                                                  (dict(block_kv=32), "block_kv"), (dict(dtype="float32"), "dtype")])
+def test_version_3_refuses_what_it_is_not_built_for_before_touching_cupy(monkeypatch, change, argument):
+    monkeypatch.setitem(sys.modules, "cupy", None)
+    kwargs = dict(block_q=128, block_kv=64, dtype="float16") | change
+    q = np.ones((1, 8, kwargs.pop("d", 64)), dtype=np.float32)
+    with pytest.raises(ValueError, match=rf"^{argument} must be one of"):
+        flash2.flash_attention(q, q, q, **kwargs, version="v3")
+    with pytest.raises(ValueError, match="^pingpong must be True or False"):
+        Flash2V3Kernel(pingpong=1)
+
+
+def test_version_3_writes_no_logsumexp_and_takes_no_window_or_grouped_heads(monkeypatch):
+    q = np.ones((2, 8, 64), dtype=np.float32)
+    with pytest.raises(ValueError, match="kernel version v3 writes no logsumexp L"):
+        flash2.flash_attention(q, q, q, version="v3", write_logsumexp=True)
+    monkeypatch.setattr(Flash2V3Kernel, "function", lambda self: pytest.fail("launched"))
+    sched = sf.TileSchedule(8, 8, 128, 64, window=(4, 0))
+    with pytest.raises(ValueError, match="kernel version v3 runs multi-head attention"):
+        flash2.launch(Flash2V3Kernel("float16", 128, 64, 64), q, q, q, q, sched, 1.0)
+
+
+def test_tensor_maps_describe_one_head_s_rows_in_swizzled_boxes(monkeypatch):
+    calls = []
+
+    def encode(at, data_type, rank, address, dims, strides, box, steps, interleave, swizzle, promotion, fill):
+        calls.append((data_type, rank, address, tuple(dims), tuple(strides), tuple(box), tuple(steps), interleave,
+                      swizzle, fill))
+        assert at % 64 == 0  # the driver wants the map on 64 bytes
+        return 0
+
+    monkeypatch.setattr(flash2_v3, "_encoder", lambda: encode)
+    assert flash2_v3.encode_tensor_map(4096, 32, 1000, 128, 64, "bfloat16") == bytes(flash2_v3.MAP_BYTES)
+    # bf16, 3-d, (d, n, heads) with byte strides of a row and a head; boxes of 64 rows x 64 values;
+    # 128-byte swizzle; out-of-bounds rows read as zeros
+    assert calls == [(9, 3, 4096, (128, 1000, 32), (256, 1000 * 256), (64, 64, 1), (1, 1, 1), 0, 3, 0)]
+    monkeypatch.setattr(flash2_v3, "_encoder", lambda: lambda *args: 1)  # CUDA_ERROR_INVALID_VALUE
+    with pytest.raises(RuntimeError, match=r"cuTensorMapEncodeTiled failed with CUresult 1 for a \(2, 17, 64\)"):
+        flash2_v3.encode_tensor_map(4096, 2, 17, 64, 128, "float16")
+
+
+def test_version_3_is_validated_on_both_tiles_at_both_head_dims():
+    configs = validate.version_configs("v3")
+    tiles = {(c.d, c.block_q, c.block_kv) for c in configs}
+    assert tiles == {(d, 128, block_kv) for d in (64, 128) for block_kv in (64, 128)}
+    assert {(c.causal, c.causal_variant) for c in configs} == set(validate.MASKS)
+    assert {c.dtype for c in configs} == {"float16", "bfloat16"}
+    assert any(c.n_kv > 2 * c.block_kv for c in configs if c.block_kv == 128)  # more KV tiles than buffers
+    quick = validate.version_configs("v3", quick=True)
+    assert len(quick) >= 4 and any(c.causal for c in quick) and any(c.block_kv == 128 and c.d == 128 for c in quick)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed on this machine")
+def test_nvcc_builds_version_3_for_sm90a_without_spills_or_serialised_wgmma(tmp_path):
+    package = Path(str(importlib.resources.files("simflash.backends")))
+    unit = tmp_path / "unit.cu"
+    kernels = [Flash2V3Kernel(dtype, 128, block_kv, d) for dtype in ("float16", "bfloat16") for block_kv in (64, 128)
+               for d in (64, 128)] + [Flash2V3Kernel("float16", 128, 128, 128, instrumented=True),
+                                      Flash2V3NoPingPongKernel("bfloat16", 128, 128, 128, instrumented=True)]
+    unit.write_text(f'#include "{flash2_v3.SOURCE}"\n' + "\n".join(
+        f"template __global__ void {k.name_expression}{V3_SIGNATURE};" for k in kernels) + "\n")
+    done = subprocess.run(["nvcc", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17", "-cubin", "-Xptxas", "-v",
+                           f"-I{package}", "-o", str(tmp_path / "unit.cubin"), str(unit)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    spills = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", done.stderr)
+    assert len(spills) == len(kernels) and all(s == ("0", "0", "0") for s in spills), done.stderr[-3000:]
+    # 384 threads x 168 registers fill the register file at launch; setmaxnreg then moves them
+    assert re.findall(r"Used (\d+) registers", done.stderr) == ["168"] * len(kernels)
+    assert "C7514" not in done.stderr and "C7508" not in done.stderr, done.stderr[-3000:]
+
+
+def test_the_committed_validation_of_version_3_passes_with_the_closed_form_bytes():
+    result = _load("validate_v3.json")
+    assert result["kernel"] == "v3" and result["device"]["name"] == "NVIDIA H200"
+    assert result["command"].startswith("simflash gpu validate --kernel v3")
+    assert result["all_ok"] and all(validate.passed(record) for record in result["records"])
+    configs = [r["config"] for r in result["records"]]
+    assert len(configs) == len(validate.version_configs("v3"))
+    for record in result["records"]:
+        c = record["config"]
+        assert record["resources"]["kernel"].startswith("flash2_forward_v3<")
+        assert record["resources"]["threads"] == 384 and record["resources"]["local_bytes"] == 0
+        model = sf.model.flash_traffic(c["n_q"], c["d"], c["block_q"], c["block_kv"], c["dtype"], c["causal"],
+                                       n_kv=c["n_kv"], heads=c["heads"], causal_variant=c["causal_variant"])
+        assert _traffic(record["traffic"]["instrumented"]) == model, c
+    sanitizer = (RESULTS / "sanitizer_v3.txt").read_text()
+    assert sanitizer.count("ERROR SUMMARY: 0 errors") == 2 and "0 hazards displayed (0 errors, 0 warnings)" in sanitizer
+    assert "flash2_forward v3, timed build" in sanitizer and "flash2_forward v3-nopp, instrumented build" in sanitizer
+
+
+def test_the_committed_bench_of_version_3_meets_the_target_at_n_4096_d_128():
+    result = _load("bench_versions_v3.json")
+    assert result["command"].startswith("simflash gpu bench --kernel v3,v3-nopp,v2,v1")
+    rows = {(r["config"]["n"], r["config"]["d"], r["config"]["causal"]): r for r in result["rows"]}
+    assert set(rows) == {(n, d, causal) for n in (4096, 16384) for d in (64, 128) for causal in (False, True)}
+    for row in rows.values():
+        assert set(row["versions"]) == {"v3", "v3-nopp", "v2", "v1"} and row["fa2"] == row["versions"]["v3"]
+        for timing in (t for tiles in row["versions"].values() for t in tiles.values()):
+            assert timing["tflops"] == pytest.approx(row["flops"] / (timing["ms"] / 1e3) / 1e12, rel=1e-9)
+        if "max_abs_vs_sdpa_math" in row:
+            assert max(row["max_abs_vs_sdpa_math"].values()) < 4e-3
+    target = rows[4096, 128, False]
+    best = max(t["tflops"] for t in target["versions"]["v3"].values())
+    assert best >= 1.5 * target["sdpa_flash"]["tflops"] and best >= 0.85 * target["sdpa_cudnn"]["tflops"]
+    for row in rows.values():  # ping-pong is a lever: v3 beats v3-nopp at its best tile everywhere
+        assert max(t["tflops"] for t in row["versions"]["v3"].values()) > \
+            max(t["tflops"] for t in row["versions"]["v3-nopp"].values())
+    # a second call, another machine: the same to a few per cent, well under the lever
+    repeat = _load("bench_v3_repeat.json")
+    assert repeat["command"].startswith("simflash gpu bench --kernel v3,v3-nopp --n 4096 --d 128")
+    for again in repeat["rows"]:
+        first = rows[4096, 128, again["config"]["causal"]]["versions"]
+        v3, nopp = again["versions"]["v3"]["128x128"]["tflops"], again["versions"]["v3-nopp"]["128x128"]["tflops"]
+        assert v3 == pytest.approx(first["v3"]["128x128"]["tflops"], rel=0.05) and v3 > 1.1 * nopp
+        assert nopp == pytest.approx(first["v3-nopp"]["128x128"]["tflops"], rel=0.05)
+
+
+def test_the_committed_profile_shows_what_ping_pong_changed():
+    result = _load("kernel_profile_v3.json")
+    assert result["ncu_command"].startswith("ncu --clock-control none --cache-control all")
+    assert result["tiles"] == [128, 128] and not result["metrics_missing"]
+    by = {(r["config"]["n"], r["config"]["d"], r["config"]["causal"], r["kernel"]): r for r in result["rows"]}
+    for n in (4096, 16384):
+        for d in (64, 128):
+            for causal in (False, True):
+                v3, nopp, sdpa = by[n, d, causal, "v3"], by[n, d, causal, "v3-nopp"], by[n, d, causal, "sdpa_flash"]
+                assert v3["tensor_active_pct"] > nopp["tensor_active_pct"] and v3["time_ns"] < nopp["time_ns"]
+                # wgmma reads its operands from shared memory without ldmatrix: about half SDPA flash's wavefronts
+                assert v3["shared_wavefronts"] < 0.6 * sdpa["shared_wavefronts"]
+
+
+def test_docs_show_the_version_3_tables():
+    page = (REPO / "docs" / "gpu.md").read_text()
+    tables = report.tables(report.load(RESULTS))
+    for name in ("versions_v3", "kernel_profile_v3", "validate_v3", "resources_v3"):
         assert report.markdown(tables[name]) in page, f"docs/gpu.md lacks the current {name} table"

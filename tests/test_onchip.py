@@ -1,5 +1,6 @@
-"""The on-chip model is the backend kernel's: shared memory Q_i + kv_stages x (K_j + V_j), S_ij and P_ij in
-float32 registers; FA-2's edge cases (empty query tiles, rows with no key); the tiles that fit a GPU."""
+"""The on-chip model is the backend kernels': shared memory Q_i + kv_stages x (K_j + V_j), S_ij and P_ij in
+float32 registers (P_ij in its own, storage dtype, as version 3 keeps it); FA-2's edge cases (empty query
+tiles, rows with no key); the tiles that fit a GPU."""
 
 from __future__ import annotations
 
@@ -14,6 +15,10 @@ from typer.testing import CliRunner
 
 import simflash as sf
 from simflash.algorithms.flash2 import flash2_grid, flash2_program
+from simflash.backends.flash2_v3 import ALIGN_SLACK, Flash2V3Kernel
+from simflash.backends.flash2_v3 import BLOCK_KV as V3_BLOCK_KV
+from simflash.backends.flash2_v3 import HEAD_DIMS as V3_HEAD_DIMS
+from simflash.backends.flash2_v3 import KV_STAGES as V3_KV_STAGES
 from simflash.backends.kernels import BLOCK_KV, BLOCK_Q, HEAD_DIMS, STORAGE_TYPES, Flash2Kernel
 from simflash.cli import app
 from simflash.config import KiB
@@ -135,3 +140,35 @@ def test_cli_run_write_logsumexp():
         assert row["model_matches"]
         assert row["traffic"]["by_tensor"]["L"]["write_bytes"] == 64 * 4
         assert row["traffic"]["total_bytes"] == old["traffic"]["total_bytes"] + 64 * 4
+
+
+@pytest.mark.parametrize(("block_kv", "d"), [(block_kv, d) for block_kv in V3_BLOCK_KV for d in V3_HEAD_DIMS])
+def test_p_registers_own_makes_scopes_and_footprint_equal_version_3_s_resources(block_kv, d):
+    # version 3 keeps P_ij (storage dtype) in registers of its own beside S_ij (float32), two K/V stages
+    kernel = Flash2V3Kernel("bfloat16", 128, block_kv, d)
+    model = cta_resources(128, block_kv, d, "bfloat16", V3_KV_STAGES, p_registers="own")
+    assert model.shared_bytes == kernel.shared_bytes - ALIGN_SLACK  # the kernel's alignment slack holds no data
+    assert model.register_by_buffer["P_ij"] == 128 * block_kv * 2
+    report = on_chip_scopes(4 * 128, d, 128, block_kv, "bfloat16", kv_stages=V3_KV_STAGES, p_registers="own")
+    (tile,) = report.tiles
+    assert tile.peak_bytes == model.shared_bytes
+    held = (2 * 128 + 128 * d + 128 * block_kv) * 4 + 128 * block_kv * 2  # m_i, l_i, a_i, S_ij; P_ij
+    assert tile.register_peak_bytes == held == model.register_bytes
+    assert report.threads == kernel.threads - 128  # the consumers hold the state; the producer warpgroup holds none
+    # the consumers' 240 registers each hold it
+    assert model.registers_per_thread <= 240
+    _, shared, registers, _ = fused_footprints(4096, d, 128, block_kv, "bfloat16", p_registers="own")
+    assert shared.size_bytes == model.shared_bytes and registers.size_bytes == tile.register_peak_bytes
+
+
+def test_p_registers_changes_the_register_report_and_nothing_else():
+    q, k, v = np.random.default_rng(1).standard_normal((3, 2, 300, 64))
+    runs = [sf.flash_attention(q, k, v, 128, 64, causal=True, p_registers=p, trace="stats")
+            for p in ("overwrite_s", "own")]
+    assert np.array_equal(runs[0].out, runs[1].out) and runs[0].traffic == runs[1].traffic
+    assert runs[0].on_chip.shared == runs[1].on_chip.shared
+    assert "P_ij" not in runs[0].on_chip.registers.peak_by_buffer
+    assert runs[1].on_chip.registers.peak_by_buffer["P_ij"] == 128 * 64 * 2
+    assert runs[1].on_chip.registers.peak_bytes == runs[0].on_chip.registers.peak_bytes + 128 * 64 * 2
+    with pytest.raises(ValueError, match=r"p_registers must be one of \['overwrite_s', 'own'\]"):
+        sf.flash_attention(q, k, v, p_registers="shared")

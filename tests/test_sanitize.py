@@ -129,7 +129,7 @@ def test_the_target_checks_each_result_and_prints_a_line_per_launch(monkeypatch,
     monkeypatch.setattr(flash2, "flash_attention", forward)
     monkeypatch.setattr(decoding, "flash_decoding", decode)
     monkeypatch.setattr(flash2_backward, "flash_attention_backward", backward)
-    sanitize_target.main(["forward-v1", "forward-v2", "decode", "backward"])
+    sanitize_target.main(["forward-v1", "forward-v2", "forward-v3", "decode", "backward"])
     lines = capsys.readouterr().out.splitlines()
     assert lines[-1] == DONE
     kernels = [re.match(r"launched (\w+), (instrumented|timed) build, ", line).group(1) for line in lines[:-1]]
@@ -137,6 +137,9 @@ def test_the_target_checks_each_result_and_prints_a_line_per_launch(monkeypatch,
     v2 = [c for c in target.FORWARD_CONFIGS if c.window == (-1, -1) and c.group == 1 and c.d != 256]
     assert kernels.count("flash2_forward") == 2 * len(target.FORWARD_CONFIGS)
     assert kernels.count("flash2_forward_v2") == 2 * len(v2)
+    v3 = [c for c in v2 if flash2.builds("v3", c.block_q, c.block_kv, c.d)]
+    assert v3, "version 3 has no configuration to run"
+    assert kernels.count("flash2_forward_v3") == 2 * 2 * len(v3)  # v3 and v3-nopp, both builds
     assert kernels.count("flash_decoding_split") == 2 * len(target.DECODE_CASES)
     assert kernels.count("flash_decoding_combine") == 2 * sum(c.num_splits > 1 for c in target.DECODE_CASES)
     for name in ("flash2_backward_preprocess", "flash2_backward", "flash2_backward_convert"):
@@ -151,7 +154,7 @@ def test_the_target_checks_each_result_and_prints_a_line_per_launch(monkeypatch,
     with pytest.raises(AssertionError, match="flash2_forward .* relative error"):
         sanitize_target.main(["forward-v1"])
     with pytest.raises(SystemExit, match="GROUP one of"):
-        sanitize_target.main(["forward-v3"])
+        sanitize_target.main(["forward-v9"])
 
 
 class HostArray(np.ndarray):
@@ -309,7 +312,7 @@ def test_cli_one_line_per_kernel_and_tool_exit_1_and_the_saved_record(tmp_path, 
     assert "NOT CLEAN: the run hit its time limit" in lines["racecheck", "naive_softmax"]
     assert "clean (1 launches)" in lines["memcheck", "flash_decoding_split"]
     assert sum("NOT CLEAN" in line for line in lines.values()) == 2
-    assert "Version 2099.1.0: 2 of 16 (tool, kernel) pairs NOT CLEAN" in result.output
+    assert f"Version 2099.1.0: 2 of {2 * len(PLAN)} (tool, kernel) pairs NOT CLEAN" in result.output
     record = json.loads(save.read_text())
     assert record["complete"] is True and record["all_clean"] is False and record["tools"] == ["memcheck", "racecheck"]
     assert record["command"].startswith("simflash ") and len(record["runs"]) == 2 * len(GROUPS)

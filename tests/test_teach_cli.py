@@ -199,10 +199,10 @@ def test_verify_passes_and_covers_every_variant_and_exercise_4(invoke):
 
 
 def test_verify_checks_fail_for_an_algorithm_that_ignores_the_mask(monkeypatch):
-    def ignores_mask(gpu, sched, scale, trace, cta, write_logsumexp=False, kv_stages=2):
+    def ignores_mask(gpu, sched, scale, trace, cta, write_logsumexp=False, kv_stages=2, p_registers="overwrite_s"):
         unmasked = verify.NoMaskSchedule(sched.n_q, sched.n_kv, sched.block_q, sched.block_kv,
                                         causal=sched.causal, causal_variant=sched.causal_variant)
-        return flash2_cta(gpu, unmasked, scale, trace, cta, write_logsumexp, kv_stages)
+        return flash2_cta(gpu, unmasked, scale, trace, cta, write_logsumexp, kv_stages, p_registers)
 
     monkeypatch.setitem(FLASH_ALGORITHMS, "broken", attrs.evolve(FLASH_ALGORITHMS["fa2"], cta=ignores_mask))
     failed = [c for c in verify.causal_checks() if not c.passed]

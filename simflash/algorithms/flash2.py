@@ -21,7 +21,7 @@ from simflash.algorithms.online_softmax import exp_minus, masked_scores
 from simflash.config import STATE_DTYPE
 from simflash.grid import CTA, Access, CTAProgram, block_key, kv_head
 from simflash.memory import SRAM, SimulatedGPU
-from simflash.onchip import DEFAULT_KV_STAGES
+from simflash.onchip import DEFAULT_KV_STAGES, DEFAULT_P_REGISTERS
 from simflash.schedule import TileSchedule
 from simflash.trace import TileStep, TraceRequest
 
@@ -49,11 +49,13 @@ def flash2_cta(
     cta: CTA,
     write_logsumexp: bool = False,
     kv_stages: int = DEFAULT_KV_STAGES,
+    p_registers: str = DEFAULT_P_REGISTERS,
 ) -> Iterator[TileStep | None]:
     """The work of one CTA: query tile i of head h against its KV tiles. Yields after every KV tile.
 
     Shared memory holds Q_i and kv_stages buffers of (K_j, V_j) (2: K_{j+1}, V_{j+1} arrive while tile j
-    computes, as the GPU kernel double-buffers them); S_ij, P_ij, m_i, l_i and a_i live in float32 registers.
+    computes, as the GPU kernel double-buffers them); S_ij, m_i, l_i and a_i live in float32 registers,
+    and P_ij over S_ij (p_registers="overwrite_s") or in registers of its own ("own"; simflash.onchip).
     """
     hbm, sram, compute = gpu.hbm, gpu.sram, gpu.compute
     h, i = cta.index
@@ -70,7 +72,8 @@ def flash2_cta(
             sram.store(hbm, "L", (h, rows), np.full(B_r, np.inf, dtype=STATE_DTYPE))
         return
     Q_i = sram.load("Q_i", hbm, "Q", (h, rows))  # (B_r, d)
-    m_i, l_i, a_i = yield from fold_kv_tiles(gpu, sched, scale, trace, Q_i, kv_tiles, (h, i), h_kv, kv_stages)
+    m_i, l_i, a_i = yield from fold_kv_tiles(gpu, sched, scale, trace, Q_i, kv_tiles, (h, i), h_kv, kv_stages,
+                                             p_registers=p_registers)
 
     # -- normalise once; a row that saw no key outputs 0
     O_i = np.divide(a_i, l_i[:, None], out=np.zeros_like(a_i), where=l_i[:, None] > 0)
@@ -94,11 +97,14 @@ def release_tiles(sram: SRAM, n_tiles: int, kv_stages: int) -> None:
 
 def fold_kv_tiles(gpu: SimulatedGPU, sched: TileSchedule, scale: float, trace: TraceRequest, Q_i: np.ndarray,
                   kv_tiles: Iterable[int], tile: tuple[int, int], h_kv: int, kv_stages: int = DEFAULT_KV_STAGES,
-                  split: int | None = None) -> Generator[TileStep | None, None, tuple[np.ndarray, ...]]:
+                  split: int | None = None, p_registers: str = DEFAULT_P_REGISTERS,
+                  ) -> Generator[TileStep | None, None, tuple[np.ndarray, ...]]:
     """FA-2's inner loop: fold KV tiles `kv_tiles` of K/V head h_kv into the online softmax of query tile
     `tile` = (h, i), whose Q_i is on chip. Yields after every KV tile (a TileStep when recorded, naming
     `split` for a split-KV kernel); returns the unnormalised (m_i, l_i, a_i), held in registers.
-    The K_j, V_j stage buffers stay held: the caller frees them with Q_i."""
+    The K_j, V_j stage buffers stay held: the caller frees them with Q_i. p_registers="own" holds P_ij
+    in registers of its own (storage dtype) from its softmax until the next tile's scores are done, as a
+    kernel that overlaps P_ij V_j with S_{i,j+1} must; the last is freed after the loop."""
     hbm, sram, compute = gpu.hbm, gpu.sram, gpu.compute
     h, i = tile
     B_r, d = Q_i.shape
@@ -130,10 +136,16 @@ def fold_kv_tiles(gpu: SimulatedGPU, sched: TileSchedule, scale: float, trace: T
 
         # -- update the accumulator (P_ij rounded to the storage dtype, as tensor cores take it)
         P_ij = P_ij.astype(storage).astype(STATE_DTYPE)
+        if p_registers == "own":  # P_i,j-1 was held beside S_ij; now P_ij takes its place
+            if t > 0:
+                sram.free("P_ij")
+            sram.registers.hold("P_ij", P_ij.size * storage.itemsize)
         a_i = alpha[:, None] * a_i + compute.matmul(P_ij, V_j)  # (B_r, d)
         m_i = m_new
         sram.free("S_ij")
         yield trace.step(h, i, j, row_start, masked, m_i, alpha, l_i, a_i, split=split) if recording else None
+    if sram.registers.holds("P_ij"):
+        sram.free("P_ij")
     return m_i, l_i, a_i
 
 

@@ -75,7 +75,8 @@ def info(as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = Fals
                                                                    "local bytes", "shared bytes"], rows))])
 
 
-KERNEL_HELP = "FA-2 kernel version(s): v1 (flash2_forward.cu), v2 (flash2_forward_v2.cu)."
+KERNEL_HELP = ("FA-2 kernel version(s): v1 (flash2_forward.cu), v2 (flash2_forward_v2.cu), v3 (flash2_forward_v3.cu, "
+               "Hopper only), v3-nopp (v3 without ping-pong).")
 
 
 def _versions(text: str) -> tuple[str, ...]:
@@ -97,7 +98,7 @@ def validate(
                                                 "backward in the same dtype and SDPA flash (its own grid: "
                                                 "--suite does not apply).")] = False,
     seed: Annotated[int | None, typer.Option(help="Input seed (default: fresh, and recorded).", min=0)] = None,
-    kernel: Annotated[str, typer.Option(help="The FA-2 kernel version to check: v1 or v2.")] = "v1",
+    kernel: Annotated[str, typer.Option(help="The FA-2 kernel version to check: v1, v2, v3 or v3-nopp.")] = "v1",
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
     save: Annotated[Path | None, typer.Option(help=SAVE_HELP)] = None,
 ) -> None:

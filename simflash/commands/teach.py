@@ -262,11 +262,15 @@ def scopes_command(
     n_kv: Optional[int] = typer.Option(None, "--n-kv",
                                        help="Key rows (default kv_stages x B_c: no scope depends on it)."),
     kv_stages: int = typer.Option(2, "--kv-stages", help="K_j, V_j buffers in shared memory: 2 (the kernel's) or 1."),
+    p_registers: str = typer.Option("overwrite_s", "--p-registers",
+                                    help="Where P_ij waits for P V: overwrite_s (over S_ij, kernel v1/v2) or own "
+                                         "(beside S_ij in the storage dtype, kernel v3, FlashAttention-3)."),
     gpu: str = typer.Option(DEFAULT_GPU, "--gpu", help="GPU whose shared memory and register file bound the tiles."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """What lives on chip: shared memory and registers per query tile, and the scopes of the statistics."""
-    report = on_chip_scopes(n, d, block_q, block_kv, dtype, n_kv=n_kv, kv_stages=kv_stages, gpu=gpu)
+    report = on_chip_scopes(n, d, block_q, block_kv, dtype, n_kv=n_kv, kv_stages=kv_stages, gpu=gpu,
+                            p_registers=p_registers)
     if as_json:
         print_json(report)
         return
@@ -288,7 +292,8 @@ def scopes_command(
         f"(capacity {_size(report.capacity_bytes)}):",
         _table(["query tiles", *shared_names, "peak"], shared_rows),
         "",
-        f"registers per query tile, float32; P_ij overwrites S_ij "
+        f"registers per query tile, float32"
+        f"{'; P_ij overwrites S_ij' if report.p_registers == 'overwrite_s' else '; P_ij beside S_ij, storage dtype'} "
         f"(capacity {_size(report.register_capacity_bytes)}, {report.threads} threads):",
         _table(["query tiles", *register_names, "peak"], register_rows),
         "",

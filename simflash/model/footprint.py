@@ -16,7 +16,7 @@ import numpy as np
 from simflash.config import GPUS, STATE_DTYPE, check_positive_int, gpu_spec
 from simflash.memory import OnChipStats
 from simflash.model.traffic import flash_traffic, naive_traffic
-from simflash.onchip import check_kv_stages, cta_resources, lesson_tile_sizes
+from simflash.onchip import DEFAULT_P_REGISTERS, check_kv_stages, cta_resources, lesson_tile_sizes
 
 
 @attrs.frozen
@@ -77,7 +77,7 @@ def backward_retention(
 
 
 def cta_on_chip(d: int = 128, block_q: int = 128, block_kv: int = 64, dtype: str = "float16",
-                gpu: str = "H200", kv_stages: int = 2) -> OnChipStats:
+                gpu: str = "H200", kv_stages: int = 2, p_registers: str = DEFAULT_P_REGISTERS) -> OnChipStats:
     """Peak shared-memory tiles and register state of one CTA, measured by simulating one query tile
     against kv_stages KV tiles (every K/V stage buffer filled once)."""
     from simflash.api import flash_attention  # the simulator builds on the model package, not the reverse
@@ -87,7 +87,7 @@ def cta_on_chip(d: int = 128, block_q: int = 128, block_kv: int = 64, dtype: str
     q = rng.standard_normal((check_positive_int("block_q", block_q), d))
     k, v = rng.standard_normal((2, check_positive_int("block_kv", block_kv) * kv_stages, d))
     return flash_attention(q, k, v, block_q=block_q, block_kv=block_kv, dtype=dtype, gpu=gpu, trace="none",
-                           kv_stages=kv_stages).on_chip
+                           kv_stages=kv_stages, p_registers=p_registers).on_chip
 
 
 def _held(buffers: dict[str, int]) -> str:
@@ -95,7 +95,7 @@ def _held(buffers: dict[str, int]) -> str:
 
 
 def fused_footprints(n: int = 4096, d: int = 128, block_q: int = 128, block_kv: int = 64, dtype: str = "float16",
-                     gpu: str = "H200", kv_stages: int = 2) -> list[Footprint]:
+                     gpu: str = "H200", kv_stages: int = 2, p_registers: str = DEFAULT_P_REGISTERS) -> list[Footprint]:
     """What the fused kernel holds instead: nothing quadratic in HBM, tile-sized buffers on chip.
 
     Shared memory and registers are those of one simulated CTA, which hold what the backend kernel
@@ -104,10 +104,10 @@ def fused_footprints(n: int = 4096, d: int = 128, block_q: int = 128, block_kv: 
     n = check_positive_int("n", n)
     block_q, block_kv = min(check_positive_int("block_q", block_q), n), min(check_positive_int("block_kv", block_kv), n)
     kv_stages = check_kv_stages(kv_stages)
-    on_chip = cta_on_chip(d, block_q, block_kv, dtype, gpu, kv_stages)  # tiles never exceed the sequence
+    on_chip = cta_on_chip(d, block_q, block_kv, dtype, gpu, kv_stages, p_registers)  # tiles never exceed the sequence
     shared, registers = on_chip.shared, on_chip.registers
     fused = flash_traffic(n, d, block_q, block_kv, dtype).by_tensor
-    resources = cta_resources(block_q, block_kv, d, dtype, kv_stages)
+    resources = cta_resources(block_q, block_kv, d, dtype, kv_stages, p_registers)
     lesson = lesson_tile_sizes(block_q, block_kv, d, dtype)
 
     return [
@@ -116,7 +116,8 @@ def fused_footprints(n: int = 4096, d: int = 128, block_q: int = 128, block_kv: 
         Footprint("Shared-memory tiles, one CTA", f"{resources.describe_shared()}: peak of {_held(shared.peak_by_buffer)}",
                   shared.peak_bytes),
         Footprint("Register state, one CTA",
-                  f"peak of {_held(registers.peak_by_buffer)} ({STATE_DTYPE}; P_ij overwrites S_ij) "
+                  f"peak of {_held(registers.peak_by_buffer)} ({STATE_DTYPE}; "
+                  f"{'P_ij overwrites S_ij' if p_registers == 'overwrite_s' else 'P_ij in the storage dtype'}) "
                   f"over {resources.threads} threads: {resources.registers_per_thread} registers each, at least",
                   registers.peak_bytes),
         Footprint("The lesson's tile set (section 2)",
