@@ -157,9 +157,9 @@ def decode_slices(rows: int) -> int:
 
 @functools.cache
 def _decode_split_function(name_expression: str, dynamic_bytes: int, what: str):
-    """The split kernel, set up once: its shared-memory limit, and the largest carve-out, so that two
-    CTAs' stages share an SM as the split heuristic counts (left to the driver, a carve-out for one CTA
-    may be chosen: the 232 CTAs of a batch-1 step would then run in two waves)."""
+    """The split kernel, set up once (no attribute call in a timed launch): its shared-memory limit, and
+    the largest carve-out, so that two CTAs' stages share an SM as the split heuristic counts without
+    resting on the driver's choice (which, on the H200, gave two as well: decode_diagnose.json)."""
     kernel = _fit_shared(compiled("flash_decoding_split.cu", name_expression), dynamic_bytes, what)
     kernel.preferred_shared_memory_carveout = 100
     return kernel

@@ -99,6 +99,19 @@ def test_the_split_kernel_is_set_up_once_with_the_largest_carveout(monkeypatch):
     kernels._decode_split_function.cache_clear()
 
 
+def test_the_whole_chip_model_launches_the_decode_kernels_as_the_backend_does():
+    from simflash.backends import kernels
+    from simflash.model import decode_chip
+
+    assert decode_chip.BLOCK_KV == {d: tiles[0] for d, tiles in DECODE_BLOCK_KV.items()}
+    assert (decode_chip.STAGES, decode_chip.THREADS) == (kernels.DECODE_STAGES, kernels.DECODE_THREADS)
+    for d, block_kv in decode_chip.BLOCK_KV.items():
+        profile = decode_chip.SPLIT_PROFILE
+        assert profile.shared_bytes(kernels.DECODE_BLOCK_Q, block_kv, d, 2) == DecodeSplitKernel(
+            d=d, block_kv=block_kv).shared_bytes
+        assert profile.threads(kernels.DECODE_BLOCK_Q, block_kv, d) == kernels.DECODE_THREADS
+
+
 def test_a_graph_of_decode_steps_rotates_through_four_l2s_of_inputs_in_whole_rounds():
     from simflash.backends.decode_bench import DecodeBenchConfig, Inputs, graph_steps
 

@@ -13,11 +13,11 @@ import sys
 
 import cupy
 import numpy as np
-
-import simflash as sf
 from simflash.backends import decode_bench as bench
 from simflash.backends.bench import time_ms
 from simflash.backends.decoding import DecodePath, split_schedule
+
+import simflash as sf
 
 LENGTHS = (32768, 65536, 131072)
 PEAK = sf.GPUS["H200"].hbm_bytes_per_s
