@@ -2,15 +2,24 @@
 
 One query token of 32 query heads over 8 K/V heads (grouped-query), d = 128, fp16; batch x K/V heads from
 8 to 256 (and one K/V head of 4 query heads: 1), cache lengths 1k to 128k. In one process, on the same
-inputs, with the same timer (bench.time_ms: CUDA events, a warm-up, the median of repeats; the L2 is
-flushed before every call, so the cache streams from HBM as a decode step's does):
+inputs, every method timed the same two ways:
+
+- the headline, as serving stacks run a decode step: a CUDA graph of back-to-back steps, captured once
+  and replayed, CUDA events around each replay (the median of replays, over the steps in the graph).
+  The steps rotate through copies of the inputs spanning ROTATE_L2 L2s, so every step streams its K/V
+  cache from HBM; the graph takes the host's launch time out of the measure for every method alike;
+- `cold`: one call after a read of four L2s' worth of memory, CUDA events around it (bench.time_ms):
+  the L2 holds none of the cache, and the GPU front end's start of the first kernel is inside the span.
+
+The methods:
 
 - our FA-2 kernel at T_r = 1: a group's query heads packed into one tile per K/V head, and unpacked (a
   CTA per query head, each reading its group's K/V);
-- our Flash-Decoding: FA-2's heuristic split count on this GPU, and where the grid is small a sweep of
-  split counts and FA-2's own KV tile (twice ours: one CTA an SM, see kernels.DECODE_BLOCK_KV);
+- our Flash-Decoding: FA-2's heuristic split count on this GPU (and, where the grid is small, its split
+  kernel alone, to show the combine's share), and where the grid is small a sweep of split counts and
+  FA-2's own KV tile (twice ours: one CTA an SM, see kernels.DECODE_BLOCK_KV);
 - PyTorch SDPA with one query token (enable_gqa=True), whichever backend it picks (`sdpa_kernels`
-  records the kernels it ran).
+  records the kernels it ran), captured into a graph by PyTorch's CUDAGraph in the same capture mode.
 
 K/V bandwidth: the bytes of the K and V cache over the time of the whole step (both Flash-Decoding
 kernels), in GB/s and as a share of the HBM peak of the machine file. `profile` runs the split and
@@ -19,18 +28,21 @@ combine kernels of a few configurations under Nsight Compute (decode_ncu_target.
 
 from __future__ import annotations
 
+import functools
+import math
+import statistics
 from pathlib import Path
 
 import attrs
 import numpy as np
+from simflash.backends.bench import time_ms
+from simflash.backends.decoding import DecodePath, split_schedule
+from simflash.backends.flash2 import launch, poisoned_output
+from simflash.backends.kernels import DECODE_BLOCK_KV, Flash2Kernel, import_cupy
+from simflash.backends.profile import available_metrics, find_ncu, run_ncu
+from simflash.backends.validate import ledger_rows
 
 import simflash as sf
-from simflash.backends.bench import time_ms
-from simflash.backends.flash2 import launch, poisoned_output
-from simflash.backends.decoding import DecodePath, split_schedule
-from simflash.backends.kernels import DECODE_BLOCK_KV, Flash2Kernel, import_cupy
-from simflash.backends.profile import find_ncu, run_ncu
-from simflash.backends.validate import ledger_rows
 from simflash.schedule import TileSchedule
 
 BATCH_HEADS = ((1, 4, 1), (1, 32, 8), (4, 32, 8), (16, 32, 8), (32, 32, 8))  # (batch, H_q, H_kv)
@@ -39,8 +51,14 @@ SPLITS = (1, 2, 4, 8, 16, 32, 64, 128)  # the sweep, up to the KV tiles
 SWEEP_MAX_BATCH_HEADS = 8  # sweep the split count where the grid is small without splits
 D, DTYPE = 128, "float16"
 FA2_TILES = (128, 64)  # our FA-2 kernel's defaults
-TIMING = {"min_total_ms": 30.0, "reps": (5, 30)}
+TIMING = {"min_total_ms": 30.0, "reps": (5, 30)}  # the cold measure
+GRAPH = {"replay_ms": 2.0, "min_steps": 4, "min_total_ms": 40.0, "reps": (5, 20)}  # the graph replays
+ROTATE_L2 = 4  # the inputs a graph's steps rotate through span at least this many L2s
 NCU_METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum", "lts__t_bytes.sum", "gpu__time_duration.sum")
+# where the counters have them: the shared memory the launch configured, the CTAs an SM it allows, the
+# warps active (how many CTAs share an SM)
+NCU_OCCUPANCY = ("launch__shared_mem_config_size", "launch__occupancy_limit_shared_mem",
+                 "sm__warps_active.avg.pct_of_peak_sustained_active")
 
 
 @attrs.frozen
@@ -78,25 +96,101 @@ def random_fp16(rng, shape) -> object:
 
 @attrs.define
 class Inputs:
-    """One K/V cache buffer as large as the largest configuration; each configuration uses a prefix."""
+    """One K/V cache buffer as large as the largest configuration; each configuration uses a prefix, and
+    its copies for a graph's rotation lie one after another in it."""
 
     K_all: object
     V_all: object
     rng: object
+    l2_bytes: int
 
     @classmethod
     def for_configs(cls, configs: list[DecodeBenchConfig], seed: int) -> Inputs:
         cupy = import_cupy()
         rng = cupy.random.default_rng(seed)
         size = max(c.batch * c.kv_heads * c.n_kv * c.d for c in configs)
-        return cls(random_fp16(rng, size), random_fp16(rng, size), rng)
+        l2 = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["l2CacheSize"]
+        return cls(random_fp16(rng, size), random_fp16(rng, size), rng, int(l2))
 
-    def arrays(self, c: DecodeBenchConfig) -> tuple:
-        """Q (batch x H_q, 1, d), fresh; K, V (batch x H_kv, n_kv, d), views of the cache buffers."""
+    def copies(self, c: DecodeBenchConfig) -> int:
+        """How many copies of c's inputs a graph rotates through: ROTATE_L2 L2s' worth, as the buffer holds."""
+        size = c.batch * c.kv_heads * c.n_kv * c.d
+        return max(1, min(self.K_all.size // size, -(-ROTATE_L2 * self.l2_bytes // c.kv_bytes)))
+
+    def arrays(self, c: DecodeBenchConfig, copy: int = 0) -> tuple:
+        """Q (batch x H_q, 1, d), fresh; K, V (batch x H_kv, n_kv, d), views of copy `copy` in the cache buffers."""
         size = c.batch * c.kv_heads * c.n_kv * c.d
         shape = (c.batch * c.kv_heads, c.n_kv, c.d)
-        return (random_fp16(self.rng, (c.batch * c.heads, 1, c.d)), self.K_all[:size].reshape(shape),
-                self.V_all[:size].reshape(shape))
+        at = slice(copy * size, (copy + 1) * size)
+        return (random_fp16(self.rng, (c.batch * c.heads, 1, c.d)), self.K_all[at].reshape(shape),
+                self.V_all[at].reshape(shape))
+
+
+def replay_ms(launch, stream, steps: int, min_total_ms: float, reps: tuple[int, int]) -> dict:
+    """Milliseconds a step: CUDA events on `stream` around each replay of a graph of `steps` steps
+    (`launch` replays it there), after a warm-up replay; the median of replays."""
+    cupy = import_cupy()
+    launch()
+    stream.synchronize()
+
+    def once() -> float:
+        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record(stream)
+        launch()
+        stop.record(stream)
+        stop.synchronize()
+        return cupy.cuda.get_elapsed_time(start, stop) / steps
+
+    first = once()
+    count = int(min(reps[1], max(reps[0], min_total_ms // max(first * steps, 1e-3))))
+    times = [once() for _ in range(count)]
+    return {"ms": statistics.median(times), "reps": count, "steps": steps, "min_ms": min(times),
+            "max_ms": max(times)}
+
+
+def graph_steps(copies: int, cold_ms: float) -> int:
+    """Steps in a graph: whole rounds of the copies, enough for GRAPH["replay_ms"] a replay."""
+    wanted = max(GRAPH["min_steps"], math.ceil(GRAPH["replay_ms"] / max(cold_ms, 1e-3)))
+    return copies * math.ceil(wanted / copies)
+
+
+def time_cupy_steps(steps_fns: list, cold_ms: float) -> dict:
+    """Graph timing of CuPy launches: `steps_fns[i]()` launches one step on copy i."""
+    cupy = import_cupy()
+    steps = graph_steps(len(steps_fns), cold_ms)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        for fn in steps_fns:  # the first launch of each, outside the capture
+            fn()
+        stream.synchronize()
+        stream.begin_capture()
+        for k in range(steps):
+            steps_fns[k % len(steps_fns)]()
+        graph = stream.end_capture()
+    return replay_ms(lambda: graph.launch(stream), stream, steps, GRAPH["min_total_ms"], GRAPH["reps"])
+
+
+def time_torch_steps(steps_fns: list, cold_ms: float) -> dict:
+    """Graph timing of PyTorch calls, the same way (PyTorch's CUDAGraph, relaxed capture as CuPy's)."""
+    torch = _torch()
+    cupy = import_cupy()
+    steps = graph_steps(len(steps_fns), cold_ms)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    on_stream = torch.cuda.ExternalStream(stream.ptr)
+    with torch.cuda.stream(on_stream):
+        for fn in steps_fns:
+            fn()
+    stream.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=on_stream, capture_error_mode="relaxed"):
+        for k in range(steps):
+            steps_fns[k % len(steps_fns)]()
+
+    def launch() -> None:
+        with torch.cuda.stream(on_stream):
+            graph.replay()
+
+    return replay_ms(launch, stream, steps, GRAPH["min_total_ms"], GRAPH["reps"])
 
 
 def _bandwidth(timing: dict, nbytes: int, peak: float) -> dict:
@@ -127,54 +221,67 @@ def sdpa_kernels(fn) -> list[str]:
 
 
 def bench_config(c: DecodeBenchConfig, inputs: Inputs, flush, gpu: str = "H200", sweep: bool = False) -> dict:
-    """Time one configuration every way; outputs of ours against SDPA's, max abs. sweep: also the split
+    """Time one configuration every way (a graph of steps over the input copies, and one cold call);
+    outputs of ours against SDPA's on copy 0, max abs. sweep: also the split kernel alone, the split
     sweep and FA-2's KV tile."""
     cupy = import_cupy()
     peak = sf.GPUS[gpu].hbm_bytes_per_s
-    Q, K, V = inputs.arrays(c)
+    sets = [inputs.arrays(c, copy) for copy in range(inputs.copies(c))]
     scale = 1.0 / float(np.sqrt(c.d))
     group = c.heads // c.kv_heads
-    row: dict = {"config": attrs.asdict(c), "kv_bytes": c.kv_bytes}
+    row: dict = {"config": attrs.asdict(c), "kv_bytes": c.kv_bytes, "copies": len(sets)}
     outputs = {}
+
+    def timed(steps_fns: list, graph_timer=time_cupy_steps) -> dict:
+        cold = time_ms(steps_fns[0], flush, **TIMING)
+        graph = graph_timer(steps_fns, cold["ms"])
+        return {**_bandwidth(graph, c.kv_bytes, peak), "cold": _bandwidth(cold, c.kv_bytes, peak)}
 
     # -- our FA-2 kernel, one query row: T_r = 1 packed or not
     kernel = Flash2Kernel(DTYPE, *FA2_TILES, c.d)
     for name, pack in (("fa2_packed", group), ("fa2_unpacked", 1)):
         sched = TileSchedule(1, c.n_kv, *FA2_TILES, pack=pack)
-        O = poisoned_output(Q.shape, DTYPE)
-        row[name] = _bandwidth(time_ms(lambda: launch(kernel, Q, K, V, O, sched, scale), flush, **TIMING),
-                               c.kv_bytes, peak)
+        Os = [poisoned_output(Q.shape, DTYPE) for Q, _, _ in sets]
+        row[name] = timed([functools.partial(launch, kernel, Q, K, V, O, sched, scale)
+                           for (Q, K, V), O in zip(sets, Os)])
         row[name]["ctas"] = sched.n_q_tiles * c.batch * c.heads // pack
-        outputs[name] = O
+        outputs[name] = Os[0]
 
-    # -- Flash-Decoding: FA-2's heuristic split count, then the sweep
-    def decode(num_splits, block_kv=None):
+    # -- Flash-Decoding: FA-2's heuristic split count (and its split kernel alone), then the sweep
+    def decode(num_splits, block_kv=None, split_only=False):
         sched = split_schedule(c.batch, c.batch * c.heads, c.batch * c.kv_heads, 1, c.n_kv, c.d, num_splits, block_kv)
-        path = DecodePath(Q, K, V, c.batch, sched, scale, DTYPE)
-        timing = _bandwidth(time_ms(path.run, flush, **TIMING), c.kv_bytes, peak)
+        paths = [DecodePath(Q, K, V, c.batch, sched, scale, DTYPE) for Q, K, V in sets]
+        timing = timed([path.launch_split if split_only else path.run for path in paths])
         return {"num_splits": sched.num_splits, "block_kv": sched.block_kv,
-                "split_ctas": sched.n_q_tiles * sched.num_splits * c.batch * c.kv_heads, **timing}, path.O
+                "split_ctas": sched.n_q_tiles * sched.num_splits * c.batch * c.kv_heads, **timing}, paths[0].O
 
     row["flash_decoding"], outputs["flash_decoding"] = decode(None)
     if sweep:
+        if row["flash_decoding"]["num_splits"] > 1:
+            row["flash_decoding_split_kernel"] = decode(None, split_only=True)[0]
         tiles = -(-c.n_kv // DECODE_BLOCK_KV[c.d][0])
         row["flash_decoding_sweep"] = [decode(s)[0] for s in SPLITS if s <= tiles]
         row["flash_decoding_fa2_tile"] = decode(None, DECODE_BLOCK_KV[c.d][1])[0]
 
-    # -- PyTorch SDPA on the same memory
+    # -- PyTorch SDPA on the same memory, timed the same two ways
     torch = _torch()
     if torch is None:
         row["sdpa"] = {"error": "torch is not installed"}
     else:
-        q = torch.from_dlpack(Q.view(cupy.float16)).view(c.batch, c.heads, 1, c.d)
-        k, v = (torch.from_dlpack(x.view(cupy.float16)).view(c.batch, c.kv_heads, c.n_kv, c.d) for x in (K, V))
         sdpa = torch.nn.functional.scaled_dot_product_attention
+
+        def views(Q, K, V):
+            q = torch.from_dlpack(Q.view(cupy.float16)).view(c.batch, c.heads, 1, c.d)
+            k, v = (torch.from_dlpack(x.view(cupy.float16)).view(c.batch, c.kv_heads, c.n_kv, c.d) for x in (K, V))
+            return q, k, v
+
+        calls = [functools.partial(sdpa, *views(*arrays), enable_gqa=True) for arrays in sets]
         try:
-            row["sdpa"] = _bandwidth(time_ms(lambda: sdpa(q, k, v, enable_gqa=True), flush, **TIMING), c.kv_bytes, peak)
-            reference = cupy.from_dlpack(sdpa(q, k, v, enable_gqa=True)).reshape(Q.shape).astype(cupy.float32)
+            row["sdpa"] = timed(calls, time_torch_steps)
+            reference = cupy.from_dlpack(calls[0]()).reshape(sets[0][0].shape).astype(cupy.float32)
             row["max_abs_vs_sdpa"] = {name: float(cupy.abs(out.view(cupy.float16).astype(cupy.float32) - reference).max())
                                       for name, out in outputs.items()}
-        except torch.OutOfMemoryError as error:
+        except RuntimeError as error:  # out of memory, or a capture PyTorch refuses: recorded, the run goes on
             row["sdpa"] = {"error": str(error).splitlines()[0][:200]}
         torch.cuda.empty_cache()
     return row
@@ -185,10 +292,9 @@ def bench(configs: list[DecodeBenchConfig], seed: int = 0, gpu: str = "H200", pr
     SWEEP_MAX_BATCH_HEADS."""
     cupy = import_cupy()
     inputs = Inputs.for_configs(configs, seed)
-    l2 = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["l2CacheSize"]
-    # Read before every timed call: the L2 then holds none of the cache, and the GPU is busy while the
-    # host queues the call's kernels, so host launch time stays out of the measured span.
-    scratch = cupy.zeros(4 * l2, dtype=cupy.uint8)
+    # Read before every cold call: the L2 then holds none of the cache, and the GPU is busy while the
+    # host queues the call's kernels.
+    scratch = cupy.zeros(4 * inputs.l2_bytes, dtype=cupy.uint8)
 
     def flush() -> None:
         scratch.max()
@@ -221,7 +327,10 @@ def profile(configs: list[dict], seed: int = 0, raw_csv: Path | None = None) -> 
     """The split and combine kernels of each configuration under ncu (clocks left alone, caches flushed
     before each kernel): DRAM bytes read and written, L2 bytes, duration; beside the bytes the
     instrumented build counted."""
-    command, kernels, counted = run_ncu(find_ncu(), list(NCU_METRICS), "simflash.backends.decode_ncu_target",
+    ncu = find_ncu()
+    have = available_metrics(ncu)
+    metrics = [*NCU_METRICS, *(name for name in NCU_OCCUPANCY if name.split(".")[0] in have)]
+    command, kernels, counted = run_ncu(ncu, metrics, "simflash.backends.decode_ncu_target",
                                         {"seed": seed, "configs": configs}, raw_csv)
     out, at = [], 0
     for entry in counted:

@@ -63,7 +63,8 @@ def split_schedule(batch: int, heads: int, kv_heads: int, n_q: int, n_kv: int, d
 @attrs.define
 class DecodePath:
     """Device buffers and kernels of one Flash-Decoding configuration; `run()` launches the split kernel
-    and, with several splits, the combine."""
+    and, with several splits, the combine, on the current stream (so a stream capture records both into
+    one CUDA graph, as serving stacks replay a decode step)."""
 
     Q: object  # (batch x H_q, n_q, d) 16-bit device array
     K: object  # (batch x H_kv, n_kv, d)
@@ -104,7 +105,13 @@ class DecodePath:
         return DecodeCombineKernel(self.dtype, self.Q.shape[2], self.instrumented)
 
     def run(self) -> None:
-        heads, n_q, d = self.Q.shape
+        self.launch_split()
+        if self.sched.num_splits > 1:
+            self.launch_combine()
+
+    def launch_split(self) -> None:
+        """The split kernel on the current stream (it writes O itself with one split)."""
+        heads, n_q, _ = self.Q.shape
         s = self.sched
         null = np.uint64(0)
         left, right = bounds(s.of_batch(0))
@@ -120,15 +127,20 @@ class DecodePath:
              self.counters if self.instrumented else null),
             shared_mem=split.shared_bytes,
         )
-        if s.num_splits > 1:
-            rows = heads * n_q
-            combine = self.combine_kernel
-            combine.function(s.num_splits)(
-                (rows,), (DECODE_THREADS,),
-                (self.O_partial, self.LSE_partial, self.O, np.int32(rows), np.int32(s.num_splits),
-                 self.counters[len(SPLIT_COUNTED):] if self.instrumented else null),
-                shared_mem=combine.shared_bytes(s.num_splits),
-            )
+
+    def launch_combine(self) -> None:
+        """The combine kernel on the current stream (several splits only)."""
+        if self.sched.num_splits == 1:
+            raise ValueError("one split writes O in the split kernel: there is nothing to combine")
+        heads, n_q, _ = self.Q.shape
+        rows = heads * n_q
+        combine = self.combine_kernel
+        combine.function(self.sched.num_splits)(
+            (rows,), (DECODE_THREADS,),
+            (self.O_partial, self.LSE_partial, self.O, np.int32(rows), np.int32(self.sched.num_splits),
+             self.counters[len(SPLIT_COUNTED):] if self.instrumented else np.uint64(0)),
+            shared_mem=combine.shared_bytes(self.sched.num_splits),
+        )
 
     def traffic(self) -> Traffic:
         """The bytes both kernels counted (instrumented build), keyed like the simulator's ledger: with one

@@ -155,6 +155,16 @@ def decode_slices(rows: int) -> int:
     return 4 if rows <= 16 else 2 if rows <= 32 else 1
 
 
+@functools.cache
+def _decode_split_function(name_expression: str, dynamic_bytes: int, what: str):
+    """The split kernel, set up once (no attribute call in a timed launch): its shared-memory limit, and
+    the largest carve-out, so that two CTAs' stages share an SM as the split heuristic counts without
+    resting on the driver's choice (which, on the H200, gave two as well: decode_diagnose.json)."""
+    kernel = _fit_shared(compiled("flash_decoding_split.cu", name_expression), dynamic_bytes, what)
+    kernel.preferred_shared_memory_carveout = 100
+    return kernel
+
+
 @attrs.frozen
 class DecodeSplitKernel:
     """One instantiation of flash_decoding_split.cu: storage dtype, head dim, slices, and the build."""
@@ -184,7 +194,7 @@ class DecodeSplitKernel:
 
     def function(self):
         what = f"flash_decoding_split with d={self.d}, block_kv={self.block_kv}"
-        return _fit_shared(compiled("flash_decoding_split.cu", self.name_expression), self.shared_bytes, what)
+        return _decode_split_function(self.name_expression, self.shared_bytes, what)
 
     def resources(self) -> dict:
         return resources(self.function(), self.name_expression, DECODE_THREADS, self.shared_bytes)

@@ -8,6 +8,8 @@ import re
 from pathlib import Path
 
 from simflash.config import MiB
+from simflash.model.decode_chip import predict_decode_dram
+from simflash.model.measured import relative_error
 
 Table = tuple[list[str], list[list[str]]]  # headers, rows
 RESULT_FILES = {"validate": "validate.json", "profile": "profile.json", "bench": "bench.json",
@@ -115,37 +117,59 @@ def _gbps(timing: dict) -> str:
     return timing["error"][:40] if "error" in timing else f"{timing['GBps']:,.0f} ({timing['pct_hbm_peak']:.0f}%)"
 
 
+def _gbps_cold(timing: dict) -> str:
+    return timing["error"][:40] if "error" in timing else _gbps(timing["cold"])
+
+
 def decode_bench_table(result: dict) -> Table:
-    """One row per (batch x K/V heads, cache length): K/V GB/s and % of HBM peak of each method."""
+    """One row per (batch x K/V heads, cache length): K/V GB/s and % of HBM peak of each method, as a graph
+    of back-to-back steps (and Flash-Decoding's and SDPA's as one cold call)."""
     headers = ["batch x H_kv", "n_kv", "K/V MiB", "FA-2 T_r=1 packed", "FA-2 T_r=1 unpacked",
-               "Flash-Decoding (splits)", "best of the split sweep (splits)", "with FA-2's KV tile (splits)", "SDPA"]
+               "Flash-Decoding (splits)", "its split kernel alone", "best of the split sweep (splits)",
+               "with FA-2's KV tile (splits)", "SDPA", "Flash-Decoding, one cold call", "SDPA, one cold call"]
     rows = []
     for row in result["rows"]:
         c, fd = row["config"], row["flash_decoding"]
         sweep = max(row.get("flash_decoding_sweep", []), key=lambda t: t["GBps"], default=None)
         fa2_tile = row.get("flash_decoding_fa2_tile")
+        split = row.get("flash_decoding_split_kernel")
         rows.append([f"{c['batch']} x {c['kv_heads']}", f"{c['n_kv'] // 1024}k", _mib(row["kv_bytes"]),
                      _gbps(row["fa2_packed"]), _gbps(row["fa2_unpacked"]), f"{_gbps(fd)} ({fd['num_splits']})",
+                     "–" if split is None else _gbps(split),
                      "–" if sweep is None else f"{_gbps(sweep)} ({sweep['num_splits']})",
-                     "–" if fa2_tile is None else f"{_gbps(fa2_tile)} ({fa2_tile['num_splits']})", _gbps(row["sdpa"])])
+                     "–" if fa2_tile is None else f"{_gbps(fa2_tile)} ({fa2_tile['num_splits']})", _gbps(row["sdpa"]),
+                     _gbps_cold(fd), _gbps_cold(row["sdpa"])])
     return headers, rows
 
 
+def _error(value: float | None) -> str:
+    return "–" if value is None else f"{value:+.1%}"
+
+
 def decode_profile_table(result: dict) -> Table:
-    """The split and combine kernels under Nsight Compute: counted bytes against DRAM and L2, duration."""
-    headers = ["batch x H_kv", "n_kv", "splits", "kernel", "counted bytes (MiB)", "DRAM read (MiB)", "DRAM written (MiB)",
-               "L2 bytes (MiB)", "time (us)", "DRAM read GB/s (% of peak)"]
+    """The split and combine kernels under Nsight Compute: counted bytes, DRAM bytes predicted by the
+    whole-chip model (sf.model.predict_decode_dram, cold as ncu runs them) against those measured, L2
+    bytes, duration."""
+    headers = ["batch x H_kv", "n_kv", "splits", "kernel", "counted bytes (MiB)", "DRAM read predicted (MiB)",
+               "DRAM read measured (MiB)", "read error", "DRAM written predicted (MiB)", "DRAM written measured (MiB)",
+               "write error", "L2 bytes (MiB)", "time (us)", "DRAM read GB/s (% of peak)"]
     peak = result["hbm_peak_bytes_per_s"]
     rows = []
     for entry in result["profile"]["configs"]:
         c = entry["config"]
+        predicted = predict_decode_dram(c["n_kv"], c["d"], batch=c["batch"], heads=c["heads"], kv_heads=c["kv_heads"],
+                                        num_splits=entry["num_splits"], gpu=result["gpu"], cache="cold")
         for row in entry["ncu"]:
             kernel = "split" if "flash_decoding_split" in row["kernel"] else "combine"
+            flow = predicted.kernel(f"flash_decoding_{kernel}").flow
             counted = sum(read + write for name, _, read, write in entry["instrumented"] if name.endswith(kernel))
+            read, written = row["dram__bytes_read.sum"], row["dram__bytes_write.sum"]
             seconds = row["gpu__time_duration.sum"] * 1e-9
-            per_s = row["dram__bytes_read.sum"] / seconds
+            per_s = read / seconds
             rows.append([f"{c['batch']} x {c['kv_heads']}", f"{c['n_kv'] // 1024}k", str(entry["num_splits"]), kernel,
-                         _mib(counted), _mib(row["dram__bytes_read.sum"]), _mib(row["dram__bytes_write.sum"]),
+                         _mib(counted), _mib(flow.dram_read_bytes), _mib(read),
+                         _error(relative_error(flow.dram_read_bytes, read)), _mib(flow.dram_write_bytes),
+                         _mib(written), _error(relative_error(flow.dram_write_bytes, written)),
                          _mib(row["lts__t_bytes.sum"]), f"{seconds * 1e6:.1f}",
                          f"{per_s / 1e9:,.0f} ({100 * per_s / peak:.0f}%)"])
     return headers, rows

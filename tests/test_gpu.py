@@ -224,6 +224,28 @@ def test_flash_decoding_kernels_match_reference_simulator_and_model(rng, batch, 
         pack_gqa=pack_gqa, cache_seqlens=cache_seqlens, causal=causal, window=window))
 
 
+def test_a_decode_step_captured_in_a_cuda_graph_writes_what_the_eager_launches_write(rng):
+    import cupy
+
+    from simflash.backends.decoding import DecodePath, split_schedule
+
+    q = rng.standard_normal((8, 1, 128), dtype=np.float32).astype(np.float16)
+    k, v = (rng.standard_normal((2, 3000, 128), dtype=np.float32).astype(np.float16) for _ in range(2))
+    Q, K, V = (cupy.asarray(x).view(cupy.uint16) for x in (q, k, v))
+    sched = split_schedule(1, 8, 2, 1, 3000, 128, 7)
+    eager, captured = (DecodePath(Q, K, V, 1, sched, 128 ** -0.5) for _ in range(2))
+    eager.run()
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        captured.run()
+        graph = stream.end_capture()
+    assert np.isnan(captured.O_partial.get()).all()  # captured, not run
+    graph.launch(stream)
+    stream.synchronize()
+    assert np.array_equal(captured.O.get(), eager.O.get()) and not np.isnan(captured.O_partial.get()).any()
+
+
 def test_logsumexp_follows_o_s_rows_with_packed_grouped_query_heads(rng):
     q = rng.standard_normal((2, 8, 300, 64), dtype=np.float32)
     k, v = (rng.standard_normal((2, 2, 700, 64), dtype=np.float32) for _ in range(2))

@@ -76,6 +76,58 @@ def test_a_decode_tile_s_warps_share_its_row_groups():
     assert [decode_slices(rows) for rows in (1, 4, 16, 17, 32, 33, 64)] == [4, 4, 4, 2, 2, 1, 1]
 
 
+def test_the_split_kernel_is_set_up_once_with_the_largest_carveout(monkeypatch):
+    from simflash.backends import kernels
+
+    calls = []
+
+    class Function:
+        preferred_shared_memory_carveout = None
+
+    def fit(kernel, dynamic_bytes, what):
+        calls.append(dynamic_bytes)
+        return kernel
+
+    monkeypatch.setattr(kernels, "compiled", lambda source, name: Function())
+    monkeypatch.setattr(kernels, "_fit_shared", fit)
+    kernels._decode_split_function.cache_clear()
+    split = DecodeSplitKernel("float16", 128, 64, 4)
+    first = split.function()
+    # two CTAs' stages on an SM, as the split heuristic counts; no attribute call at a later launch
+    assert all(split.function() is first for _ in range(3))
+    assert calls == [split.shared_bytes] and first.preferred_shared_memory_carveout == 100
+    kernels._decode_split_function.cache_clear()
+
+
+def test_the_whole_chip_model_launches_the_decode_kernels_as_the_backend_does():
+    from simflash.backends import kernels
+    from simflash.model import decode_chip
+
+    assert decode_chip.BLOCK_KV == {d: tiles[0] for d, tiles in DECODE_BLOCK_KV.items()}
+    assert (decode_chip.STAGES, decode_chip.THREADS) == (kernels.DECODE_STAGES, kernels.DECODE_THREADS)
+    for d, block_kv in decode_chip.BLOCK_KV.items():
+        profile = decode_chip.SPLIT_PROFILE
+        assert profile.shared_bytes(kernels.DECODE_BLOCK_Q, block_kv, d, 2) == DecodeSplitKernel(
+            d=d, block_kv=block_kv).shared_bytes
+        assert profile.threads(kernels.DECODE_BLOCK_Q, block_kv, d) == kernels.DECODE_THREADS
+
+
+def test_a_graph_of_decode_steps_rotates_through_four_l2s_of_inputs_in_whole_rounds():
+    from simflash.backends.decode_bench import DecodeBenchConfig, Inputs, graph_steps
+
+    l2 = 60 * 2**20
+    buffer = np.empty(8 * 131072 * 128, dtype=np.uint16)  # 1 x 8 K/V heads at 128k
+    inputs = Inputs(buffer, buffer, None, l2)
+    # 128 MiB of K/V a copy at 32k: two copies pass 4 L2s; 512 MiB at 128k: one is enough
+    assert inputs.copies(DecodeBenchConfig(1, 32, 8, 32768)) == 2
+    assert inputs.copies(DecodeBenchConfig(1, 32, 8, 131072)) == 1
+    # 0.5 MiB at 1 x 1 head, 1k: 480 copies, as many as the buffer holds (far more here)
+    assert inputs.copies(DecodeBenchConfig(1, 4, 1, 1024)) == 480
+    assert Inputs(buffer[:4 * 1024 * 128], buffer, None, l2).copies(DecodeBenchConfig(1, 4, 1, 1024)) == 4
+    assert graph_steps(2, 0.04) == 50 and graph_steps(480, 0.01) == 480 and graph_steps(1, 4.0) == 4
+    assert graph_steps(3, 0.5) == 6  # 4 steps wanted, rounded up to whole rounds of 3
+
+
 @pytest.mark.parametrize(
     ("change", "argument"),
     [(dict(d=96), "d"), (dict(block_q=100), "block_q"), (dict(block_kv=48), "block_kv"),

@@ -10,6 +10,7 @@ from simflash.model.decode import (
     num_splits_heuristic,
     predict_decode,
 )
+from simflash.model.decode_chip import predict_decode_dram
 from simflash.model.flops import flops_by_kind
 from simflash.model.footprint import fused_footprints, intermediate_footprints, short_sequence
 from simflash.model.report import attribute, load_scenario, parse_scenario, render_report
@@ -30,6 +31,6 @@ __all__ = [
     "flash_decoding_flops", "flash_decoding_traffic", "flash_traffic", "flops_by_kind", "fused_footprints",
     "idealized_causal_naive_traffic", "intensity_table", "intermediate_footprints", "kv_passes", "load_scenario",
     "naive_backward_traffic", "naive_traffic", "num_splits_heuristic", "parse_scenario", "permitted_entries",
-    "predict_decode", "project", "render_report", "roof", "sensitivity", "short_sequence", "traffic_vs_n",
+    "predict_decode", "predict_decode_dram", "project", "render_report", "roof", "sensitivity", "short_sequence", "traffic_vs_n",
     "traffic_vs_sram",
 ]

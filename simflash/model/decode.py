@@ -338,7 +338,8 @@ def predict_decode(n_kv: int, d: int, *, batch: int = 1, heads: int = 1, kv_head
                    dtype: str = "float16", gpu: str | GPUSpec = "H200") -> DecodePrediction:
     """Predicted time of one decode step's attention (both kernels, every cache full, no mask) on `gpu`:
     a model, stated in `_kernel_time`; DRAM bytes are the ledger's (every byte from DRAM once: a cold L2 that never hits,
-    which without pack_gqa overstates K and V, read once per query head of a group)."""
+    which without pack_gqa overstates K and V, read once per query head of a group; `predict_decode_dram`
+    plays the GPU backend's launch through the L2 model instead)."""
     spec = gpu if isinstance(gpu, GPUSpec) else gpu_spec(gpu)
     launch = decode_launch(n_kv, d, batch=batch, heads=heads, kv_heads=kv_heads, n_q=n_q, num_splits=num_splits,
                            block_kv=block_kv, pack_gqa=pack_gqa, dtype=dtype, gpu=spec)
