@@ -335,7 +335,7 @@ def _flash_steps(setup: _FlashSetup) -> Generator[TileStep, None, Run]:
     slots = resident_ctas(gpu_spec(config.gpu), profile, config.block_q, config.block_kv, config.d,
                           storage_dtype(config.dtype).itemsize) if concurrent else 1
     if machine.hbm.l2 is not None:
-        machine.hbm.l2.flush()
+        machine.hbm.l2.flush(residue=config.cache == "cold")
     yield from run_tiled(machine, config.algorithm, sched, config.scale, setup.request,
                          write_logsumexp=config.write_logsumexp, slots=slots,
                          longest_first=concurrent and profile.longest_first, o_accum_dtype=config.o_accum_dtype,
@@ -503,7 +503,7 @@ def naive_forward(q, k, v, causal, causal_variant, scale, dtype, *, record_event
     overflow = 0
     for kernel in NAIVE_KERNELS:
         if hbm.l2 is not None and (cache == "cold" or kernel == NAIVE_KERNELS[0]):
-            hbm.l2.flush()
+            hbm.l2.flush(residue=cache == "cold")
         # An S beyond the storage dtype's range is stored as inf, as an fp16 eager path stores it, and its
         # row's softmax is NaN: counted below in run.overflow, not left to NumPy's RuntimeWarning.
         with hbm.kernel(kernel), np.errstate(over="ignore", invalid="ignore"):

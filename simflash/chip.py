@@ -61,4 +61,5 @@ def l2_cache(gpu: GPUSpec) -> L2Cache:
     """The L2 one kernel's stream sees: the fitted effective capacity and read-fill weight where the
     machine file has them, the nameplate size (plain LRU) otherwise."""
     capacity = gpu.calibration.get("l2_effective_bytes", gpu.l2_bytes)
-    return L2Cache(capacity, gpu.calibration.get("l2_read_fill_weight", 1.0))
+    return L2Cache(capacity, gpu.calibration.get("l2_read_fill_weight", 1.0),
+                   int(gpu.calibration.get("l2_flush_residue_bytes", 0)))

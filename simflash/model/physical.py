@@ -102,6 +102,7 @@ def predict(
     fa2 = FLASH_ALGORITHMS["fa2"]
     ctas = fa2.grid(sched, heads, longest_first=profile.longest_first)
     slots = resident_ctas(spec, profile, block_q, block_kv, d, itemsize)
+    l2.flush(residue=cache == "cold")
     l2.kernel = fa2.kernel
     steps = run_programs((fa2.program(sched, cta, d, itemsize) for cta in ctas), slots, l2)
     l2.end_kernel()
@@ -118,7 +119,7 @@ def _naive(spec, l2: L2Cache, n, n_kv, d, heads, causal, causal_variant, itemsiz
     predictions = []
     for kernel in NAIVE_KERNELS:
         if cache == "cold" or kernel == NAIVE_KERNELS[0]:
-            l2.flush()
+            l2.flush(residue=cache == "cold")
         l2.kernel = kernel
         steps = run_programs((naive_program(kernel, sched, cta, d, itemsize) for cta in ctas), 1, l2)
         l2.end_kernel()
