@@ -181,35 +181,37 @@ __global__ void __launch_bounds__(B_c / 16 * 32) flash2_backward(
     // -- mask columns past n_kv and (causal) keys in a row's future, then P_ij = exp(S_ij - L_i)
     if (col_start + B_c > n_kv || (causal && col_start + B_c - 1 > row_start + diagonal_offset))
       mask_scores(S_ij, warp_row, col_start + strip, n_kv, causal, diagonal_offset);
-    // P_ij to shared memory in the storage dtype, as the tensor cores take it (16 columns at a time)
+    // P_ij = exp(S_ij - L_i) in fp32, in S_ij's registers: dS_ij below takes P_ij before rounding, as FA-2
+    // does; P_ij to shared memory in the storage dtype, as the tensor cores take it (16 columns at a time)
 #pragma unroll
     for (int n = 0; n < NS; n += 2) {
-      u32 P_ij[2][2];  // rows g and g + 8 of 8-column tiles n and n + 1, two values a register
+      u32 P_st[2][2];  // rows g and g + 8 of 8-column tiles n and n + 1, two values a register
 #pragma unroll
       for (int m = 0; m < 2; ++m)
 #pragma unroll
-        for (int r = 0; r < 2; ++r)
-          P_ij[m][r] = St::pack(ex2(fmaf(S_ij[n + m][2 * r], scale_log2, -L_i[r])),
-                                ex2(fmaf(S_ij[n + m][2 * r + 1], scale_log2, -L_i[r])));
-      stmatrix_x4(P_s + PdS.at(0, warp_n * NS + n), P_ij[0][0], P_ij[0][1], P_ij[1][0], P_ij[1][1]);
+        for (int r = 0; r < 2; ++r) {
+          float* const P_ij = S_ij[n + m];
+          P_ij[2 * r] = ex2(fmaf(P_ij[2 * r], scale_log2, -L_i[r]));
+          P_ij[2 * r + 1] = ex2(fmaf(P_ij[2 * r + 1], scale_log2, -L_i[r]));
+          P_st[m][r] = St::pack(P_ij[2 * r], P_ij[2 * r + 1]);
+        }
+      stmatrix_x4(P_s + PdS.at(0, warp_n * NS + n), P_st[0][0], P_st[0][1], P_st[1][0], P_st[1][1]);
     }
+    float (&P_ij)[NS][4] = S_ij;
 
     // -- dP_ij = dO_i V_j^T   (16, B_c / STRIPS) per warp, fp32
     float dP_ij[NS][4];
     mma_a_bt<DT>(dP_ij, dO_i, warp_m * 16, V_s, QdO, KV_b);
 
-    // -- dS_ij = P_ij o (dP_ij - D_i) with P_ij as stored (read back: registers are scarce here), to
-    // shared memory in the storage dtype
-    __syncwarp();  // this warp's P_ij stores are visible to all its lanes
+    // -- dS_ij = P_ij o (dP_ij - D_i) from the fp32 P_ij, to shared memory in the storage dtype
 #pragma unroll
     for (int n = 0; n < NS; n += 2) {
-      u32 P_ij[4], dS_ij[4];  // rows g, g + 8 of 8-column tiles n, n + 1: the stmatrix layout
-      ldmatrix_x4(P_ij, P_s + PdS.at(0, warp_n * NS + n));
+      u32 dS_ij[4];  // rows g, g + 8 of 8-column tiles n, n + 1: the stmatrix layout
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         const int m = n + (q >> 1), r = q & 1;
-        const float p0 = St::to_float((storage_t)(P_ij[q] & 0xffffu)), p1 = St::to_float((storage_t)(P_ij[q] >> 16));
-        dS_ij[q] = St::pack(p0 * (dP_ij[m][2 * r] - D_i[r]), p1 * (dP_ij[m][2 * r + 1] - D_i[r]));
+        dS_ij[q] = St::pack(P_ij[m][2 * r] * (dP_ij[m][2 * r] - D_i[r]),
+                            P_ij[m][2 * r + 1] * (dP_ij[m][2 * r + 1] - D_i[r]));
       }
       stmatrix_x4(dS_s + PdS.at(0, warp_n * NS + n), dS_ij[0], dS_ij[1], dS_ij[2], dS_ij[3]);
     }

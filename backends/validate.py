@@ -44,6 +44,12 @@ class CheckConfig:
     window: tuple[int, int] = attrs.field(default=(-1, -1), converter=tuple)
     pack_gqa: bool = False
 
+    def __attrs_post_init__(self) -> None:
+        if self.batch < 1:
+            raise ValueError(f"batch must be a positive integer, got {self.batch}")
+        if self.kv_heads is not None and (self.kv_heads < 1 or self.heads % self.kv_heads):
+            raise ValueError(f"kv_heads must divide heads = {self.heads}, got {self.kv_heads}")
+
     @property
     def group(self) -> int:
         return 1 if self.kv_heads is None else self.heads // self.kv_heads

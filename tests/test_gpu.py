@@ -141,7 +141,7 @@ def test_backward_kernels_match_float64_within_the_2x_naive_rule_and_count_the_l
         assert np.isfinite(mine.astype(np.float32)).all(), name
         assert max_abs_error(mine, exact) <= 2 * max_abs_error(theirs, exact) + atol, name
     assert run.traffic == defined_traffic(n_q, n_kv, d, block_q, 128, dtype, causal, variant, heads=2)
-    model = model_traffic(BackwardConfig(n_q, n_kv, d, 2, causal, variant, dtype, block_q))
+    model = model_traffic(BackwardConfig(n_q, n_kv, d, 2, causal, variant, dtype, block_q=block_q))
     assert model is None or run.traffic == model
     sim = sf.flash_attention(q, k, v, 128, 64, **common, write_logsumexp=True, trace="none")
     assert run.forward.traffic == sim.traffic
