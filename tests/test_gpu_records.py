@@ -283,3 +283,23 @@ def test_decode_profile_reads_the_cache_from_dram_once_and_counts_the_closed_for
             kernel = "flash_decoding_split" if measured is split else "flash_decoding_combine"
             assert predicted.kernel(kernel).flow.dram_read_bytes == pytest.approx(
                 measured["dram__bytes_read.sum"], rel=1e-3 if measured is split else 0.05)
+
+
+def test_every_kernel_source_went_through_memcheck_and_racecheck():
+    """benchmarks/gpu/sanitizer_all.json (`simflash gpu sanitize`, check_run.sh): one line per (tool, kernel)
+    over every backends/*.cu. Racecheck over version 3 hit the run's time limit there; its racecheck ran
+    clean over the same configurations in sanitizer_v3.txt."""
+    from simflash.backends.sanitize import PLAN
+
+    result = json.loads((RESULTS / "sanitizer_all.json").read_text())
+    assert result["complete"] and result["tools"] == ["memcheck", "racecheck"]
+    pairs = {(k["tool"], k["kernel"]): k for k in result["kernels"]}
+    assert set(pairs) == {(tool, source.kernel) for tool in result["tools"] for source in PLAN}
+    unclean = {pair for pair, k in pairs.items() if not k["clean"]}
+    assert unclean == {("racecheck", "flash2_forward_v3")}
+    assert all(k["errors"] == 0 and k["launches"] > 0 for pair, k in pairs.items() if pair not in unclean)
+    timed_out = [r for r in result["runs"] if r["tool"] == "racecheck" and r["group"] == "forward-v3"]
+    assert len(timed_out) == 1 and not timed_out[0]["clean"] and "hazard" not in timed_out[0]["output"].lower()
+    v3 = (RESULTS / "sanitizer_v3.txt").read_text().split("--tool racecheck")[1].split("$ compute-sanitizer")[0]
+    assert "flash2_forward v3, timed build" in v3 and "flash2_forward v3-nopp, timed build" in v3
+    assert "RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)" in v3
