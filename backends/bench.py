@@ -11,6 +11,7 @@ output from SDPA's math backend.
 
 from __future__ import annotations
 
+import functools
 import statistics
 
 import attrs
@@ -107,7 +108,7 @@ def bench_config(config: BenchConfig, seed: int, tiles: tuple[tuple[int, int], .
         for block_q, block_kv in tiles:
             sched = TileSchedule(c.n, c.n, block_q, block_kv, causal=c.causal)
             kernel = kernel_version(version)(DTYPE, block_q, block_kv, c.d)
-            timing = rate(time_ms(lambda: launch(kernel, Q, K, V, O, sched, scale)))
+            timing = rate(time_ms(functools.partial(launch, kernel, Q, K, V, O, sched, scale)))
             logical = sf.model.flash_traffic(c.n, c.d, block_q, block_kv, DTYPE, c.causal, heads=c.heads).total_bytes
             timing["logical_bandwidth"] = bandwidth(logical, timing)
             timings[f"{block_q}x{block_kv}"] = timing

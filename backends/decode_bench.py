@@ -19,6 +19,7 @@ combine kernels of a few configurations under Nsight Compute (decode_ncu_target.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import attrs
@@ -142,7 +143,7 @@ def bench_config(c: DecodeBenchConfig, inputs: Inputs, flush, gpu: str = "H200",
     for name, pack in (("fa2_packed", group), ("fa2_unpacked", 1)):
         sched = TileSchedule(1, c.n_kv, *FA2_TILES, pack=pack)
         O = poisoned_output(Q.shape, DTYPE)
-        row[name] = _bandwidth(time_ms(lambda: launch(kernel, Q, K, V, O, sched, scale), flush, **TIMING),
+        row[name] = _bandwidth(time_ms(functools.partial(launch, kernel, Q, K, V, O, sched, scale), flush, **TIMING),
                                c.kv_bytes, peak)
         row[name]["ctas"] = sched.n_q_tiles * c.batch * c.heads // pack
         outputs[name] = O

@@ -104,7 +104,7 @@ class DecodePath:
         return DecodeCombineKernel(self.dtype, self.Q.shape[2], self.instrumented)
 
     def run(self) -> None:
-        heads, n_q, d = self.Q.shape
+        heads, n_q, _ = self.Q.shape
         s = self.sched
         null = np.uint64(0)
         left, right = bounds(s.of_batch(0))

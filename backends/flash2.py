@@ -39,7 +39,7 @@ class TileStats:
     j: int
     row_start: int
     m: np.ndarray  # (rows,) float32: running max of the scaled scores
-    l: np.ndarray  # noqa: E741  (rows,) float32: running sum of exp(S - m)
+    l: np.ndarray  # (rows,) float32: running sum of exp(S - m)
 
 
 @attrs.frozen(eq=False)

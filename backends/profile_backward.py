@@ -72,7 +72,7 @@ def split_kernels(kernels: list[dict], configs: list[BackwardProfileConfig]) -> 
 
 def measured(kernel: dict) -> dict:
     """The collected metrics of one kernel under our names (base units, integers)."""
-    return {ours: int(round(kernel["metrics"][theirs])) for ours, theirs in METRICS.items()
+    return {ours: round(kernel["metrics"][theirs]) for ours, theirs in METRICS.items()
             if theirs in kernel["metrics"]}
 
 

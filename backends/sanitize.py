@@ -29,7 +29,7 @@ def _softmax_reference(S: np.ndarray, visible: np.ndarray) -> np.ndarray:
     x = np.where(visible, S.astype(np.float64), -np.inf)
     m = x.max(axis=-1, keepdims=True)
     e = np.exp(x - np.where(np.isneginf(m), 0.0, m))
-    l = e.sum(axis=-1, keepdims=True)  # noqa: E741
+    l = e.sum(axis=-1, keepdims=True)
     return np.divide(e, l, out=np.zeros_like(e), where=l > 0)
 
 

@@ -77,7 +77,7 @@ def reference_backward(q, k, v, do, causal: bool = False, causal_variant: str = 
                  -np.inf)  # (..., n_q, n_kv)
     m = S.max(axis=-1, keepdims=True)
     E = np.exp(S - np.where(np.isneginf(m), 0.0, m))
-    l = E.sum(axis=-1, keepdims=True)  # noqa: E741
+    l = E.sum(axis=-1, keepdims=True)
     P = np.divide(E, l, out=np.zeros_like(E), where=l > 0)
     L = np.full(l.shape[:-1], np.inf)
     seen = l[..., 0] > 0
@@ -104,7 +104,7 @@ def naive_backward(q, k, v, do, causal: bool = False, causal_variant: str = "upp
     S = np.where(visible, stored(np.float32(scale) * (Q @ K.swapaxes(-1, -2))), -np.inf)
     m = S.max(axis=-1, keepdims=True)
     E = np.exp(S - np.where(np.isneginf(m), 0.0, m))
-    l = E.sum(axis=-1, keepdims=True)  # noqa: E741
+    l = E.sum(axis=-1, keepdims=True)
     P = stored(np.divide(E, l, out=np.zeros_like(E), where=l > 0))
     dP = stored(dO @ V.swapaxes(-1, -2))
     dS = stored(P * (dP - (P * dP).sum(axis=-1, keepdims=True)))

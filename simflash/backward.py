@@ -55,7 +55,7 @@ class BackwardRun:
     flops: int  # tensor-core FLOPs of the backward's kernels
     flops_by_kind: dict[str, int]
     config: RunConfig
-    trace: BackwardTrace = BackwardTrace()
+    trace: BackwardTrace = attrs.field(factory=BackwardTrace)
     on_chip: OnChipStats | None = None  # peak SRAM and register occupancy of the largest CTA (FA-2)
 
 

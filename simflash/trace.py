@@ -88,7 +88,7 @@ class TraceRequest:
             and (self.tiles is None or i in self.tiles)
         )
 
-    def step(self, head, i, j, row_start, masked, m, alpha, l, a, *, m_tile=None, l_tile=None,  # noqa: E741
+    def step(self, head, i, j, row_start, masked, m, alpha, l, a, *, m_tile=None, l_tile=None,
              beta=None, split=None) -> TileStep:
         """A snapshot of the live state (copies: the algorithm goes on updating its arrays)."""
 

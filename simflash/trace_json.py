@@ -101,7 +101,7 @@ def trace_from_json(doc: Any, path: Path = Path("<trace>")) -> TraceContents:
                                  f"(and optionally {(*OPTIONAL_FIELDS, SPLIT_FIELD)})")
         if not isinstance(raw["masked"], bool):
             raise TraceFileError(f"{path}: {where}.masked must be true or false, got {shown(raw['masked'])}")
-        m, alpha, l = (floats(raw[k], f"{where}.{k}", path) for k in ("m", "alpha", "l"))  # noqa: E741
+        m, alpha, l = (floats(raw[k], f"{where}.{k}", path) for k in ("m", "alpha", "l"))
         a = None
         if raw["a"] is not None:
             if not isinstance(raw["a"], list):

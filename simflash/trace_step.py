@@ -38,7 +38,7 @@ class TileStep:
     masked: bool
     m: np.ndarray
     alpha: np.ndarray
-    l: np.ndarray  # noqa: E741 (the paper's symbol)
+    l: np.ndarray  # the paper's symbol
     a: np.ndarray | None
     m_tile: np.ndarray | None = None
     l_tile: np.ndarray | None = None

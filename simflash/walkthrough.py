@@ -67,7 +67,7 @@ class TileState:
     kind: str  # "full" or "masked"
     m: float
     alpha: float
-    l: float  # noqa: E741
+    l: float
     accumulator: np.ndarray  # a (FA-2) or the normalised O_i (FA-1), (d,)
     what_changed: str
     scores: np.ndarray | None = None  # this tile's scores (chosen-scores problem)

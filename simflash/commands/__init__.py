@@ -103,7 +103,7 @@ def bad_input(error: Exception) -> typer.BadParameter:
         if name in params:
             return typer.BadParameter(message[len(word) + 1:], param_hint=_option(params[name]))
     match = re.match(r"(--[a-z][a-z0-9-]*) (.*)", message, re.S)
-    if match and any(match.group(1) in p.opts for p in params.values() if not p.param_type_name == "argument"):
+    if match and any(match.group(1) in p.opts for p in params.values() if p.param_type_name != "argument"):
         return typer.BadParameter(match.group(2), param_hint=match.group(1))
     ctx = get_current_context(silent=True)
     for param in () if ctx is None else ctx.command.params:  # a message quoting a path the user gave

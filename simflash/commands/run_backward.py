@@ -79,18 +79,18 @@ def compare_backward(n: int, d: int, dtype: str, block_q: int, block_kv: int, ba
     q, k, v, do = (rng.standard_normal((heads, n, d)) for _ in range(4))
     task = progress.add_task("backward", total=None) if progress else None
     rows = []
+
+    def step(description: str) -> None:
+        if progress is not None and task is not None:
+            progress.update(task, description=description)
+
     for causal in (False, True):
         mask = "causal" if causal else "unmasked"
-
-        def step(label: str) -> None:
-            if progress is not None:
-                progress.update(task, description=f"{mask}: {label}")
-
-        step("float64 reference gradients")
+        step(f"{mask}: float64 reference gradients")
         ref = reference_attention_backward(q, k, v, do, causal=causal, dtype=dtype)
-        step("naive forward + backward")
+        step(f"{mask}: naive forward + backward")
         naive = sf.naive_attention_backward(q, k, v, do, causal=causal, dtype=dtype)
-        step("fa2 forward + backward")
+        step(f"{mask}: fa2 forward + backward")
         flash = sf.flash_attention_backward(q, k, v, do, backward_block_q, backward_block_kv, causal=causal,
                                             dtype=dtype, forward_block_q=block_q, forward_block_kv=block_kv)
         models = {
@@ -116,7 +116,7 @@ def compare_backward(n: int, d: int, dtype: str, block_q: int, block_kv: int, ba
                 run.forward.flops_by_kind, run.flops_by_kind, measured == models[algorithm],
                 {g: max_abs_error(getattr(run, g), getattr(ref, g)) for g in GRADIENTS}, naive_errors,
                 _gradients_pass(run, naive, ref, dtype)))
-    if progress is not None:
+    if progress is not None and task is not None:
         progress.update(task, description="done", completed=1, total=1)
     return rows
 

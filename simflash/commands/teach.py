@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import typer
@@ -159,20 +158,20 @@ def _render_random(w: RandomWalkthrough) -> str:
 
 
 def trace_command(
-    scores: Optional[str] = typer.Option(None, "--scores", help='Scores per KV tile: "8,6;10,7" (tiles split by ";").'),
-    values: Optional[str] = typer.Option(None, "--values", help='One value row per key: "1,2;3,4;5,6;7,8".'),
-    json_file: Optional[Path] = typer.Option(None, "--problem", help='A JSON file {"scores": [[...], ...], '
+    scores: str | None = typer.Option(None, "--scores", help='Scores per KV tile: "8,6;10,7" (tiles split by ";").'),
+    values: str | None = typer.Option(None, "--values", help='One value row per key: "1,2;3,4;5,6;7,8".'),
+    json_file: Path | None = typer.Option(None, "--problem", help='A JSON file {"scores": [[...], ...], '
                                              '"values": [...]} (an input; --json is the output flag).'),
-    n: Optional[int] = typer.Option(None, "--n", help="Random configuration: query rows (default 16)."),
-    n_kv: Optional[int] = typer.Option(None, "--n-kv", help="Key rows (default: n)."),
-    d: Optional[int] = typer.Option(None, "--d", help="Head dimension (default 4)."),
-    block_q: Optional[int] = typer.Option(None, "--block-q", help="Query tile rows B_r (default 4)."),
-    block_kv: Optional[int] = typer.Option(None, "--block-kv", help="KV tile rows B_c (default 2)."),
-    causal: Optional[bool] = typer.Option(None, "--causal/--no-causal", help="Causal masking (default off)."),
-    causal_variant: Optional[str] = typer.Option(None, "--causal-variant", help=f"One of {CAUSAL_VARIANTS}."),
-    rows: Optional[str] = typer.Option(None, "--rows", help='Query rows to show: "0,5" (default: 0).'),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Random seed (default 0).", min=0),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help=f"Storage dtype, one of {sorted(STORAGE_DTYPES)}."),
+    n: int | None = typer.Option(None, "--n", help="Random configuration: query rows (default 16)."),
+    n_kv: int | None = typer.Option(None, "--n-kv", help="Key rows (default: n)."),
+    d: int | None = typer.Option(None, "--d", help="Head dimension (default 4)."),
+    block_q: int | None = typer.Option(None, "--block-q", help="Query tile rows B_r (default 4)."),
+    block_kv: int | None = typer.Option(None, "--block-kv", help="KV tile rows B_c (default 2)."),
+    causal: bool | None = typer.Option(None, "--causal/--no-causal", help="Causal masking (default off)."),
+    causal_variant: str | None = typer.Option(None, "--causal-variant", help=f"One of {CAUSAL_VARIANTS}."),
+    rows: str | None = typer.Option(None, "--rows", help='Query rows to show: "0,5" (default: 0).'),
+    seed: int | None = typer.Option(None, "--seed", help="Random seed (default 0).", min=0),
+    dtype: str | None = typer.Option(None, "--dtype", help=f"Storage dtype, one of {sorted(STORAGE_DTYPES)}."),
     variant: str = typer.Option("fa2", "--variant", help=f"One of {sorted(FLASH_ALGORITHMS)}."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
@@ -259,7 +258,7 @@ def scopes_command(
     block_q: int = typer.Option(128, "--block-q", help="Query tile rows B_r."),
     block_kv: int = typer.Option(64, "--block-kv", help="KV tile rows B_c."),
     dtype: str = typer.Option("float16", "--dtype", help=f"Storage dtype, one of {sorted(STORAGE_DTYPES)}."),
-    n_kv: Optional[int] = typer.Option(None, "--n-kv",
+    n_kv: int | None = typer.Option(None, "--n-kv",
                                        help="Key rows (default kv_stages x B_c: no scope depends on it)."),
     kv_stages: int = typer.Option(2, "--kv-stages", help="K_j, V_j buffers in shared memory: 2 (the kernel's) or 1."),
     gpu: str = typer.Option(DEFAULT_GPU, "--gpu", help="GPU whose shared memory and register file bound the tiles."),

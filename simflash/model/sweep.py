@@ -8,6 +8,7 @@ M in elements of the storage dtype), which makes the traffic Theta(N^2 d^2 / M) 
 
 from __future__ import annotations
 
+import itertools
 import math
 import pathlib
 from collections.abc import Iterable
@@ -107,7 +108,7 @@ def traffic_vs_sram(
 def local_slopes(points: list[MPoint], variant: str) -> list[float | None]:
     """d log(bytes) / d log(M) between neighbouring points: -1 is the Theta(1/M) regime."""
     slopes: list[float | None] = [None]
-    for a, b in zip(points, points[1:]):
+    for a, b in itertools.pairwise(points):
         slopes.append(math.log(b.bytes_by_variant[variant] / a.bytes_by_variant[variant])
                       / math.log(b.m_elements / a.m_elements))
     return slopes
