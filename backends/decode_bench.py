@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import TYPE_CHECKING, TypedDict
 
 import attrs
 import numpy as np
@@ -34,13 +35,25 @@ from simflash.backends.profile import find_ncu, run_ncu
 from simflash.backends.validate import ledger_rows
 from simflash.schedule import TileSchedule
 
+if TYPE_CHECKING:
+    from simflash.backends.kernels import DeviceArray
+
 BATCH_HEADS = ((1, 4, 1), (1, 32, 8), (4, 32, 8), (16, 32, 8), (32, 32, 8))  # (batch, H_q, H_kv)
 LENGTHS = (1024, 4096, 16384, 32768, 65536, 131072)
 SPLITS = (1, 2, 4, 8, 16, 32, 64, 128)  # the sweep, up to the KV tiles
 SWEEP_MAX_BATCH_HEADS = 8  # sweep the split count where the grid is small without splits
 D, DTYPE = 128, "float16"
 FA2_TILES = (128, 64)  # our FA-2 kernel's defaults
-TIMING = {"min_total_ms": 30.0, "reps": (5, 30)}
+
+
+class Timing(TypedDict):
+    """time_ms's settings for these short kernels."""
+
+    min_total_ms: float
+    reps: tuple[int, int]
+
+
+TIMING = Timing(min_total_ms=30.0, reps=(5, 30))
 NCU_METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum", "lts__t_bytes.sum", "gpu__time_duration.sum")
 
 
@@ -81,8 +94,8 @@ def random_fp16(rng, shape) -> object:
 class Inputs:
     """One K/V cache buffer as large as the largest configuration; each configuration uses a prefix."""
 
-    K_all: object
-    V_all: object
+    K_all: DeviceArray
+    V_all: DeviceArray
     rng: object
 
     @classmethod

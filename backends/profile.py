@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import attrs
 
@@ -175,7 +176,7 @@ def kernel_rows(config: ProfileConfig, stages: dict[str, list[dict]], counted: d
     return rows
 
 
-def run_ncu(ncu: str, metrics: list[str], target: str, spec: dict, raw_csv: Path | None = None) -> tuple[str, list, object]:
+def run_ncu(ncu: str, metrics: list[str], target: str, spec: dict, raw_csv: Path | None = None) -> tuple[str, list, Any]:
     """Run `python -m target SPEC.json RESULT.json` under ncu: the GPU's clocks left alone, every cache
     flushed before each kernel (cold, as the logical model assumes), only the target's profiler range.
     Returns the command as one line (paths left out), the profiled kernels in launch order

@@ -17,7 +17,7 @@ import numpy as np
 
 from simflash.backends import flash2
 from simflash.backends.kernels import SOFTMAX_THREADS, SoftmaxKernel, import_cupy
-from simflash.backends.validate import default_configs
+from simflash.backends.validate import default_configs, inputs
 from simflash.numerics import reference_attention, relative_error, within_tolerance
 from simflash.schedule import TileSchedule
 
@@ -39,14 +39,13 @@ def target() -> None:
     rng = np.random.default_rng()
     for c in default_configs(quick=True):
         q, k, v = (rng.standard_normal((c.heads, n, c.d), dtype=np.float32) for n in (c.n_q, c.n_kv, c.n_kv))
-        common = dict(causal=c.causal, causal_variant=c.causal_variant, dtype=c.dtype, block_q=c.block_q,
-                      block_kv=c.block_kv)
+        common = inputs(c.causal, c.causal_variant, c.dtype)
         ref = reference_attention(q, k, v, c.causal, c.causal_variant, dtype=c.dtype)
         for version in flash2.VERSIONS:
             for instrumented in (True, False):
-                trace = dict(trace_head=0, trace_tile=0) if instrumented else {}
-                out = flash2.flash_attention(q, k, v, **common, instrumented=instrumented, version=version,
-                                             **trace).out
+                traced = 0 if instrumented else None  # the first head's first tile
+                out = flash2.flash_attention(q, k, v, c.block_q, c.block_kv, **common, instrumented=instrumented,
+                                             version=version, trace_head=traced, trace_tile=traced).out
                 error = relative_error(out, ref)
                 if not within_tolerance(error, c.dtype):
                     raise AssertionError(f"{version} {c.label} instrumented={instrumented}: relative error {error:.3g}")

@@ -14,8 +14,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from simflash.algorithms import FLASH_ALGORITHMS
-from simflash.api import flash_attention
+from simflash.api import VARIANTS, flash_attention
 from simflash.memory import MemoryEvent
 from simflash.perfetto import perfetto_document, write_perfetto
 from simflash.trace import Trace
@@ -122,7 +121,7 @@ def golden_runs(cases: Iterable[str] | None = None) -> list[GoldenRun]:
     runs = []
     for name in chosen:
         case = GOLDEN_CASES[name]()
-        for variant in FLASH_ALGORITHMS:
+        for variant in VARIANTS:
             run = flash_attention(case.q, case.k, case.v, variant=variant, trace="full",
                                   record_events=True, **case.options)
             runs.append(GoldenRun(name, variant, case.about, run.trace, run.events))

@@ -27,7 +27,7 @@ class StepSequence(Sequence[Step]):
 
     steps: tuple[Step, ...]
 
-    def __getitem__(self, index):  # type: ignore[override]
+    def __getitem__(self, index):
         return self.steps[index]
 
     def __len__(self) -> int:

@@ -24,8 +24,11 @@ def trace_differences(expected: Trace, actual: Trace, rtol: float = 0.0, atol: f
     if dict(expected.config) != dict(actual.config):
         problems.append(f"config {dict(actual.config)} != {dict(expected.config)}")
     x, y = expected.combine_weights, actual.combine_weights
-    if (x is None) != (y is None) or (x is not None and not (
-            x.shape == y.shape and np.allclose(y, x, rtol=rtol, atol=atol))):
+    if x is None or y is None:
+        weights_differ = x is not y
+    else:
+        weights_differ = not (x.shape == y.shape and np.allclose(y, x, rtol=rtol, atol=atol))
+    if weights_differ:
         problems.append("combine_weights differ")
     if len(expected) != len(actual):
         return [*problems, f"{len(actual)} steps != {len(expected)}"]

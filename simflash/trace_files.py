@@ -62,7 +62,7 @@ def save(trace: Trace, path: str | Path, format: str | None = None, *,
     elif kind == "json":
         path.write_text(trace_json(trace))
     else:
-        np.savez(path, **trace_arrays(trace))
+        np.savez(path, **trace_arrays(trace))  # type: ignore[arg-type]  # numpy's stub reads a name as allow_pickle
     return path
 
 

@@ -111,8 +111,9 @@ def trace_from_json(doc: Any, path: Path = Path("<trace>")) -> TraceContents:
                 raise TraceFileError(f"{path}: {where}.a has rows of different lengths")
             a = np.array(rows, dtype=STATE_DTYPE).reshape(len(rows), rows[0].size if rows else 0)
         optional = {k: floats(raw[k], f"{where}.{k}", path) for k in OPTIONAL_FIELDS if k in raw}
+        head, i, j, row_start = (_index(raw, k, where, path) for k in INDEX_FIELDS)
         steps.append(checked_step(
-            path, where, level, geometry, *(_index(raw, k, where, path) for k in INDEX_FIELDS), raw["masked"],
+            path, where, level, geometry, head, i, j, row_start, raw["masked"],
             m, alpha, l, a, _index(raw, SPLIT_FIELD, where, path) if SPLIT_FIELD in raw else None, **optional,
         ))
     return TraceContents(level, tuple(steps), config, _combine_weights(doc, path, config))

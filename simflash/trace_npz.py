@@ -131,9 +131,11 @@ def trace_from_arrays(arrays: Mapping[str, np.ndarray], path: Path = Path("<trac
     steps = []
     for n in range(count):
         rows = slice(int(stops[n] - index["rows"][n]), int(stops[n]))
+        head, i, j, row_start = (int(index[k][n]) for k in INDEX_FIELDS)
+        m, alpha, l = (state[k][rows].copy() for k in ("m", "alpha", "l"))
         steps.append(checked_step(
-            path, f"steps[{n}]", level, geometry, *(int(index[k][n]) for k in INDEX_FIELDS), bool(masked[n]),
-            *(state[k][rows].copy() for k in ("m", "alpha", "l")), None if a is None else a[rows].copy(),
+            path, f"steps[{n}]", level, geometry, head, i, j, row_start, bool(masked[n]),
+            m, alpha, l, None if a is None else a[rows].copy(),
             int(index[SPLIT_FIELD][n]) if SPLIT_FIELD in index else None,
             **{k: state[k][rows].copy() for k in OPTIONAL_FIELDS if k in state},
         ))

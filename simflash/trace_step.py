@@ -11,8 +11,8 @@ from typing import Literal
 import attrs
 import numpy as np
 
-TRACE_LEVELS = ("none", "stats", "full")  # stats: m, alpha, l; full: plus the accumulator a
 TraceLevel = Literal["none", "stats", "full"]
+TRACE_LEVELS: tuple[TraceLevel, ...] = ("none", "stats", "full")  # stats: m, alpha, l; full: plus the accumulator a
 
 
 @attrs.frozen(eq=False)

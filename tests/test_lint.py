@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import get_args
 
 import pytest
 
@@ -43,3 +44,31 @@ def test_mypy_is_clean(tmp_path: Path):
     modules = [p for top in ("simflash", "backends") for p in (REPO / top).rglob("*.py")]
     checked = re.search(r"no issues found in (\d+) source files", report)
     assert checked is not None and int(checked.group(1)) == len(modules), report
+
+
+def test_literal_types_hold_the_choices_checked_at_run_time():
+    """The public API's Literal types and the tuples its checks (and check_choice) use agree, and agree
+    with the registries the CLI's choices come from."""
+    from simflash.algorithms import FLASH_ALGORITHMS
+    from simflash.api import CACHE_MODES, O_ACCUM_DTYPES, VARIANTS, CacheMode, OAccumDtype, Variant
+    from simflash.config import CAUSAL_VARIANTS, STORAGE_DTYPE_NAMES, STORAGE_DTYPES, CausalVariant, StorageDtypeName
+    from simflash.grid import SCHEDULES, Schedule
+    from simflash.trace import TRACE_LEVELS, TraceLevel
+
+    assert get_args(StorageDtypeName) == STORAGE_DTYPE_NAMES == tuple(STORAGE_DTYPES)
+    assert get_args(CausalVariant) == CAUSAL_VARIANTS
+    assert get_args(Variant) == VARIANTS == tuple(FLASH_ALGORITHMS)
+    assert get_args(CacheMode) == CACHE_MODES
+    assert get_args(OAccumDtype) == O_ACCUM_DTYPES
+    assert get_args(TraceLevel) == TRACE_LEVELS
+    assert get_args(Schedule) == SCHEDULES
+
+
+def test_check_choice_returns_the_choice_or_names_the_argument():
+    from simflash.config import STORAGE_DTYPE_NAMES, check_choice
+
+    assert check_choice("dtype", "bfloat16", STORAGE_DTYPE_NAMES) == "bfloat16"
+    for wrong in ("float8", None, 16, b"float16"):
+        with pytest.raises(ValueError, match=re.escape(
+                f"dtype must be one of ['bfloat16', 'float16', 'float32'], got {wrong!r}")):
+            check_choice("dtype", wrong, STORAGE_DTYPE_NAMES)

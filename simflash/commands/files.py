@@ -4,7 +4,7 @@ Perfetto timeline) and `plot` (tilemap, stats, traffic pictures)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypedDict
 
 import numpy as np
 import typer
@@ -15,7 +15,11 @@ import simflash as sf
 from simflash import golden as golden_traces
 from simflash import plots, trace_files
 from simflash.algorithms import FLASH_ALGORITHMS
-from simflash.config import CAUSAL_VARIANTS, STORAGE_DTYPES
+from simflash.api import CACHE_MODES, VARIANTS, CacheMode
+from simflash.config import (
+    CAUSAL_VARIANTS, STORAGE_DTYPE_NAMES, STORAGE_DTYPES, CausalVariant, StorageDtypeName, check_choice,
+)
+from simflash.trace import TRACE_LEVELS
 
 ALGORITHMS = ("naive", *FLASH_ALGORITHMS)
 
@@ -33,6 +37,24 @@ DTYPE = Annotated[str, typer.Option(help=f"HBM storage dtype: {', '.join(STORAGE
 SEED = Annotated[int, typer.Option(help="Seed of the random inputs (standard normal).", min=0)]
 OUT = Annotated[Path, typer.Option("--out", "-o", help="File to write.")]
 MAX_MAP_TILES = 512  # tiles a side of a tile map; beyond it the cells are under a pixel
+
+
+class InputOptions(TypedDict, total=False):
+    """What naive_attention and flash_attention take alike, from a command's options."""
+
+    causal: bool
+    causal_variant: CausalVariant
+    dtype: StorageDtypeName
+    record_events: bool
+    cache: CacheMode | None
+
+
+def input_options(causal: bool, causal_variant: str, dtype: str, *, record_events: bool = False,
+                  cache: str | None = None) -> InputOptions:
+    """The options' strings checked into the library's choices (an error names the option)."""
+    return InputOptions(causal=causal, causal_variant=check_choice("causal_variant", causal_variant, CAUSAL_VARIANTS),
+                        dtype=check_choice("dtype", dtype, STORAGE_DTYPE_NAMES), record_events=record_events,
+                        cache=None if cache is None else check_choice("cache", cache, CACHE_MODES))
 
 
 def random_inputs(n: int, n_kv: int | None, d: int, heads: int, seed: int) -> tuple[np.ndarray, ...]:
@@ -88,13 +110,14 @@ def export(
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
     q, k, v = random_inputs(n, n_kv, d, heads, seed)
-    common = {"causal": causal, "causal_variant": causal_variant, "dtype": dtype, "record_events": kind == "perfetto"}
+    common = input_options(causal, causal_variant, dtype, record_events=kind == "perfetto")
     if algorithm == "naive":
         run = sf.naive_attention(q, k, v, **common)
     else:
         # A timeline is drawn from the events alone: no tile trace, so none of its size limit.
-        run = sf.flash_attention(q, k, v, block_q, block_kv, variant=algorithm,
-                                 trace="none" if kind == "perfetto" else level, **common)
+        run = sf.flash_attention(q, k, v, block_q, block_kv, variant=check_choice("algorithm", algorithm, VARIANTS),
+                                 trace="none" if kind == "perfetto" else check_choice("level", level, TRACE_LEVELS),
+                                 **common)
     path = run.trace.save(out, kind, events=run.events)
     what = f"{len(run.events):,} events" if kind == "perfetto" else f"{len(run.trace):,} tile steps"
     console.print(f"wrote {escape(str(path))} ({kind}, {what}, {path.stat().st_size:,} bytes)")
@@ -135,8 +158,8 @@ def plot_stats(
         trace = sf.Trace.load(trace_file)
     else:
         q, k, v = random_inputs(n, n_kv, d, 1, seed)
-        trace = sf.flash_attention(q, k, v, block_q, block_kv, causal=causal, causal_variant=causal_variant,
-                                   dtype=dtype, variant=variant, trace="stats").trace
+        trace = sf.flash_attention(q, k, v, block_q, block_kv, variant=check_choice("variant", variant, VARIANTS),
+                                   trace="stats", **input_options(causal, causal_variant, dtype)).trace
     chosen = _row_list(rows, trace)
     path = plots.tile_stats(trace, chosen, out, head=head)
     console.print(f"wrote {escape(str(path))} (rows {', '.join(map(str, chosen))})")
@@ -162,9 +185,9 @@ def plot_traffic(
 ) -> None:
     """Cumulative HBM bytes by tensor over the run: naive next to every tiled variant."""
     q, k, v = random_inputs(n, n_kv, d, 1, seed)
-    common = {"causal": causal, "causal_variant": causal_variant, "dtype": dtype, "record_events": True}
+    common = input_options(causal, causal_variant, dtype, record_events=True)
     runs = {"naive": sf.naive_attention(q, k, v, **common).events}
-    for variant in FLASH_ALGORITHMS:
+    for variant in VARIANTS:
         runs[variant] = sf.flash_attention(q, k, v, block_q, block_kv, variant=variant, trace="none",
                                            **common).events
     mask = f"causal {causal_variant}" if causal else "unmasked"

@@ -141,7 +141,8 @@ def sweep_figure(
         baseline = "naive causal, exact triangle (matched baseline)" if causal else "naive (matched baseline)"
         ax.plot(xs, [p.baseline_bytes / MiB for p in points], "o-", color="black", label=baseline)
         if causal:
-            ax.plot(xs, [p.idealized_baseline_bytes / MiB for p in points], "o--", color="grey", mfc="none",
+            idealized = [p.idealized_baseline_bytes for p in points if p.idealized_baseline_bytes is not None]
+            ax.plot(xs, [b / MiB for b in idealized], "o--", color="grey", mfc="none",
                     label="naive causal, idealized N²/2")
         for variant in FLASH_TRAFFIC:
             ax.plot(xs, [p.bytes_by_variant[variant] / MiB for p in points], "s-", label=variant)
