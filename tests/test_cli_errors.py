@@ -105,7 +105,8 @@ def test_huge_report_scenario_is_refused(tmp_path):
     text = (files("simflash") / "model" / "scenarios" / "document_qa.toml").read_text()
     scenario = tmp_path / "big.toml"
     scenario.write_text(text.replace("prompt_tokens = 4096", "prompt_tokens = 10000000000"))
-    fails(["report", str(scenario)], "workload.prompt_tokens", "too large")
+    fails(["report", str(scenario)], "SCENARIO:", "workload.prompt_tokens", "too large")
+    fails(["report", str(tmp_path / "none.toml")], "SCENARIO: file", "does not exist")
 
 
 def test_scopes_does_not_grow_with_n():
@@ -189,6 +190,20 @@ def test_fp16_naive_overflow_is_reported_not_warned(qkv):
     assert run.overflow == int(np.sum(np.abs(q[0] @ k[0].T / np.sqrt(8)) > 65504))
     assert f"{run.overflow:,} entries of S" in run.overflow_note and "16 output row(s) are NaN" in run.overflow_note
     assert sf.naive_attention(*qkv).overflow == 0 and sf.naive_attention(*qkv).overflow_note == ""
+
+
+def test_causal_overflow_counts_only_the_stored_entries_of_s():
+    """A causal S is stored only where rows see keys; the rest of its buffer is never written, so whatever
+    memory it reuses (here: freed blocks of +inf of the buffer's own size, which NumPy hands out again) is
+    no overflow."""
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 16, 4)) for _ in range(3))
+    q[:, -1], k[:, 0] = 1e4, 1e4  # the last row's score with key 0 overflows fp16; it is a stored entry
+    for _ in range(8):
+        np.full((1, 16, 16), np.inf, dtype=np.float16)
+    run = sf.naive_attention(q, k, v, causal=True, dtype="float16")
+    scores = np.einsum("hqd,hkd->hqk", q, k) / np.sqrt(q.shape[-1])
+    assert run.overflow == int(np.sum((np.abs(scores) > 65504) & np.tri(16, dtype=bool))) == 1
 
 
 # ------------------------------------------------------------------------------------- --json

@@ -96,7 +96,7 @@ def bad_input(error: Exception) -> typer.BadParameter:
         message = f"{name}: {what}" if name else what
         return typer.BadParameter(message, param_hint=_option(param) if param else None)
     message = str(error)
-    match = re.match(r"([A-Za-z_][A-Za-z0-9_]*) (must|has|is|should)\b", message)
+    match = re.match(r"([A-Za-z_][A-Za-z0-9_]*) (must|has|is|should|field|file)\b", message)
     if match:
         word = match.group(1)
         name = word if word in params else LIBRARY_NAMES.get(word)
