@@ -46,7 +46,7 @@ def check_choice(name: str, value: object, choices: tuple[Choice, ...]) -> Choic
     """value as one of choices, the values of a Literal type (a command-line string becomes that type here), or a
     ValueError naming the argument and the choices."""
     for choice in choices:
-        if value == choice:
+        if isinstance(value, str) and value == choice:
             return choice
     raise ValueError(f"{name} must be one of {sorted(choices)}, got {value!r}")
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import get_args
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -69,7 +70,7 @@ def test_check_choice_returns_the_choice_or_names_the_argument():
     from simflash.config import STORAGE_DTYPE_NAMES, check_choice
 
     assert check_choice("dtype", "bfloat16", STORAGE_DTYPE_NAMES) == "bfloat16"
-    for wrong in ("float8", None, 16, b"float16"):
+    for wrong in ("float8", None, 16, b"float16", np.array(["float16", "float32"])):
         with pytest.raises(ValueError, match=re.escape(
                 f"dtype must be one of ['bfloat16', 'float16', 'float32'], got {wrong!r}")):
             check_choice("dtype", wrong, STORAGE_DTYPE_NAMES)
