@@ -11,6 +11,7 @@ output from SDPA's math backend.
 
 from __future__ import annotations
 
+import functools
 import statistics
 
 import attrs
@@ -111,7 +112,7 @@ def bench_config(config: BenchConfig, seed: int, tiles: tuple[tuple[int, int], .
         if not built:
             raise ValueError(f"kernel version {version} is built for none of the tile shapes {list(tiles)} at d={c.d}")
         for kernel, sched in built:
-            timing = rate(time_ms(lambda: launch(kernel, Q, K, V, O, sched, scale)))
+            timing = rate(time_ms(functools.partial(launch, kernel, Q, K, V, O, sched, scale)))
             logical = sf.model.flash_traffic(c.n, c.d, kernel.block_q, kernel.block_kv, DTYPE, c.causal,
                                              heads=c.heads).total_bytes
             timing["logical_bandwidth"] = bandwidth(logical, timing)

@@ -9,6 +9,7 @@ from the O and L our forward kernel wrote; SDPA's backward from its own forward'
 
 from __future__ import annotations
 
+import functools
 import math
 
 import attrs
@@ -98,7 +99,7 @@ def bench_config(config: BackwardBenchConfig, seed: int, tiles: tuple[tuple[int,
             continue
         b = BackwardBuffers.allocate(Q, K, V, O, dO, L, DTYPE)
         sched = TileSchedule(c.n, c.n, block_q, block_kv, causal=c.causal)
-        timing = rate(time_ms(lambda: launch_backward(kernels, b, sched, scale)))
+        timing = rate(time_ms(functools.partial(launch_backward, kernels, b, sched, scale)))
         logical = defined_traffic(c.n, c.n, c.d, block_q, block_kv, DTYPE, c.causal, heads=c.heads).total_bytes
         per_s = logical / (timing["ms"] * 1e-3)
         timing["logical_bandwidth"] = {"bytes": logical, "GBps": per_s / 1e9,

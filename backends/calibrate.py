@@ -107,11 +107,11 @@ def kernel_rows(config: dict, group: list[dict]) -> list[dict]:
         rows.append({
             "kernel": stage,
             "ncu_kernels": [k["name"][:100] for k in kernels],
-            "dram_read_bytes": int(round(sums["dram_read_bytes"])),
-            "dram_write_bytes": int(round(sums["dram_write_bytes"])),
-            "l2_read_bytes": int(round(sums["l2_read_sectors"])) * SECTOR_BYTES,
-            "l2_write_bytes": int(round(sums["l2_write_sectors"])) * SECTOR_BYTES,
-            "l2_read_hit_bytes": int(round(sums["l2_read_hit_sectors"])) * SECTOR_BYTES,
+            "dram_read_bytes": round(sums["dram_read_bytes"]),
+            "dram_write_bytes": round(sums["dram_write_bytes"]),
+            "l2_read_bytes": round(sums["l2_read_sectors"]) * SECTOR_BYTES,
+            "l2_write_bytes": round(sums["l2_write_sectors"]) * SECTOR_BYTES,
+            "l2_read_hit_bytes": round(sums["l2_read_hit_sectors"]) * SECTOR_BYTES,
             "time_s": sums["time_ns"] * 1e-9,
             "launch": launch,
         })

@@ -32,6 +32,7 @@ import functools
 import math
 import statistics
 from pathlib import Path
+from typing import TYPE_CHECKING, TypedDict
 
 import attrs
 import numpy as np
@@ -45,14 +46,35 @@ from simflash.backends.validate import ledger_rows
 import simflash as sf
 from simflash.schedule import TileSchedule
 
+if TYPE_CHECKING:
+    from simflash.backends.kernels import DeviceArray
+
 BATCH_HEADS = ((1, 4, 1), (1, 32, 8), (4, 32, 8), (16, 32, 8), (32, 32, 8))  # (batch, H_q, H_kv)
 LENGTHS = (1024, 4096, 16384, 32768, 65536, 131072)
 SPLITS = (1, 2, 4, 8, 16, 32, 64, 128)  # the sweep, up to the KV tiles
 SWEEP_MAX_BATCH_HEADS = 8  # sweep the split count where the grid is small without splits
 D, DTYPE = 128, "float16"
 FA2_TILES = (128, 64)  # our FA-2 kernel's defaults
-TIMING = {"min_total_ms": 30.0, "reps": (5, 30)}  # the cold measure
-GRAPH = {"replay_ms": 2.0, "min_steps": 4, "min_total_ms": 40.0, "reps": (5, 20)}  # the graph replays
+
+
+class Timing(TypedDict):
+    """time_ms's settings for the cold measure of these short kernels."""
+
+    min_total_ms: float
+    reps: tuple[int, int]
+
+
+class GraphTiming(TypedDict):
+    """The graph replays: a replay lasts about replay_ms and holds at least min_steps steps."""
+
+    replay_ms: float
+    min_steps: int
+    min_total_ms: float
+    reps: tuple[int, int]
+
+
+TIMING = Timing(min_total_ms=30.0, reps=(5, 30))
+GRAPH = GraphTiming(replay_ms=2.0, min_steps=4, min_total_ms=40.0, reps=(5, 20))
 ROTATE_L2 = 4  # the inputs a graph's steps rotate through span at least this many L2s
 NCU_METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum", "lts__t_bytes.sum", "gpu__time_duration.sum")
 # where the counters have them: the shared memory the launch configured, the CTAs an SM it allows, the
@@ -99,8 +121,8 @@ class Inputs:
     """One K/V cache buffer as large as the largest configuration; each configuration uses a prefix, and
     its copies for a graph's rotation lie one after another in it."""
 
-    K_all: object
-    V_all: object
+    K_all: DeviceArray
+    V_all: DeviceArray
     rng: object
     l2_bytes: int
 

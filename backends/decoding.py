@@ -10,6 +10,8 @@ the timing and profiling code uses.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import attrs
 import numpy as np
 
@@ -27,6 +29,9 @@ from simflash.config import check_bool
 from simflash.memory import Flow, Traffic
 from simflash.model.decode import SPLIT_BLOCK_Q, num_splits_heuristic
 from simflash.schedule import SplitSchedule, check_cache_seqlens
+
+if TYPE_CHECKING:
+    from simflash.backends.kernels import DeviceArray
 
 SPLIT_KERNEL, COMBINE_KERNEL = "flash_decoding_split", "flash_decoding_combine"  # the ledger's kernel names
 SPLIT_COUNTED = ("Q", "K", "V", "O", "O_partial", "LSE_partial")  # order of the split kernel's counters
@@ -66,19 +71,19 @@ class DecodePath:
     and, with several splits, the combine, on the current stream (so a stream capture records both into
     one CUDA graph, as serving stacks replay a decode step)."""
 
-    Q: object  # (batch x H_q, n_q, d) 16-bit device array
-    K: object  # (batch x H_kv, n_kv, d)
-    V: object  # (batch x H_kv, n_kv, d)
+    Q: DeviceArray  # (batch x H_q, n_q, d) 16-bit device array
+    K: DeviceArray  # (batch x H_kv, n_kv, d)
+    V: DeviceArray  # (batch x H_kv, n_kv, d)
     batch: int
     sched: SplitSchedule
     scale: float
     dtype: str = "float16"
     instrumented: bool = False
-    O: object = attrs.field(init=False)  # (batch x H_q, n_q, d)
-    O_partial: object = attrs.field(init=False)  # (splits, batch x H_q x n_q, d) float32
-    LSE_partial: object = attrs.field(init=False)  # (splits, batch x H_q x n_q) float32
-    cache_seqlens: object = attrs.field(init=False)  # (batch,) int32; None when every cache is full
-    counters: object = attrs.field(init=False)  # instrumented: the split kernel's, then the combine's
+    O: DeviceArray = attrs.field(init=False)  # (batch x H_q, n_q, d)
+    O_partial: DeviceArray = attrs.field(init=False)  # (splits, batch x H_q x n_q, d) float32
+    LSE_partial: DeviceArray = attrs.field(init=False)  # (splits, batch x H_q x n_q) float32
+    cache_seqlens: DeviceArray | None = attrs.field(init=False)  # (batch,) int32; None when every cache is full
+    counters: DeviceArray = attrs.field(init=False)  # instrumented: the split kernel's, then the combine's
 
     def __attrs_post_init__(self) -> None:
         cupy = import_cupy()

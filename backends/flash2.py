@@ -42,7 +42,7 @@ class TileStats:
     j: int
     row_start: int
     m: np.ndarray  # (rows,) float32: running max of the scaled scores
-    l: np.ndarray  # noqa: E741  (rows,) float32: running sum of exp(S - m)
+    l: np.ndarray  # (rows,) float32: running sum of exp(S - m)
 
 
 @attrs.frozen(eq=False)
@@ -95,8 +95,8 @@ def launch(kernel: Flash2Kernel, Q, K, V, O, sched: TileSchedule, scale: float, 
                              "query heads (use version v1)")
         if L is not None:
             raise ValueError(f"kernel version {name} writes no logsumexp L (use version v1)")
-        geometry = (np.int32(sched.right == 0), np.int32(sched.diagonal_offset))
-        logsumexp = ()
+        geometry: tuple[np.integer, ...] = (np.int32(sched.right == 0), np.int32(sched.diagonal_offset))
+        logsumexp: tuple = ()
     else:
         left, right = bounds(sched)
         geometry = (np.int32(sched.pack), np.int32(heads // K.shape[0]), np.int32(sched.diagonal_offset),
@@ -170,7 +170,7 @@ def flash_attention(
     L_d = cupy.full(Q.shape[:2], np.nan, dtype=cupy.float32) if write_logsumexp else None
     counters = cupy.zeros(len(COUNTED_TENSORS), dtype=cupy.uint64) if instrumented else None
     trace = None
-    if traced:
+    if trace_head is not None and trace_tile is not None:  # traced (both given: checked above)
         T_c = len(sched.kv_tiles(trace_tile))
         m = cupy.full((max(T_c, 1), block_q), np.nan, dtype=cupy.float32)
         trace = (trace_head, trace_tile, m, cupy.full_like(m, np.nan))
@@ -178,20 +178,21 @@ def flash_attention(
 
     out = O_d.get().view(Q.dtype).reshape(np.shape(q))
     traffic = None
-    if instrumented:
+    if counters is not None:  # instrumented
         traffic = Traffic({(KERNEL, tensor): Flow(read_bytes=int(count)) if tensor not in ("O", "L") else Flow(write_bytes=int(count))
                            for tensor, count in zip(COUNTED_TENSORS, counters.get())
                            if tensor != "L" or write_logsumexp})
     steps: tuple[TileStats, ...] = ()
     if trace is not None:
-        rows = sched.q_rows(trace_tile)
-        m_host, l_host = trace[2].get(), trace[3].get()
+        head, tile, m_d, l_d = trace
+        rows = sched.q_rows(tile)
+        m_host, l_host = m_d.get(), l_d.get()
         steps = tuple(
-            TileStats(trace_head, trace_tile, j, rows.start, m_host[n, : rows.stop - rows.start].copy(),
+            TileStats(head, tile, j, rows.start, m_host[n, : rows.stop - rows.start].copy(),
                       l_host[n, : rows.stop - rows.start].copy())
-            for n, j in enumerate(sched.kv_tiles(trace_tile))
+            for n, j in enumerate(sched.kv_tiles(tile))
         )
     counted = frozenset((KERNEL, t) for t in COUNTED_TENSORS if t != "L" or write_logsumexp) if instrumented else frozenset()
-    logsumexp = L_d.get().reshape(np.shape(q)[:-1]) if write_logsumexp else None
+    logsumexp = L_d.get().reshape(np.shape(q)[:-1]) if L_d is not None else None  # write_logsumexp
     return GPURun(out=out, traffic=traffic, counted=counted, trace=steps, resources=kernel.resources(),
                   logsumexp=logsumexp)

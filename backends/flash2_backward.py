@@ -10,6 +10,8 @@ point the timing and profiling code uses.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import attrs
 import numpy as np
 
@@ -20,6 +22,9 @@ from simflash.backends.kernels import ELEMENTWISE_THREADS, Flash2BackwardKernels
 from simflash.config import check_bool, storage_dtype
 from simflash.memory import Flow, Traffic
 from simflash.schedule import TileSchedule
+
+if TYPE_CHECKING:
+    from simflash.backends.kernels import DeviceArray
 
 # Each kernel's bytes_moved counters, in order: (tensor, direction), named as in the simulator's ledger.
 COUNTED = {
@@ -38,17 +43,17 @@ class BackwardBuffers:
     float32 from the forward, and what the kernels write: D (H, n_q) and dQ_accum (H, n_q, d) float32,
     dQ, dK, dV 16-bit. Everything the kernels write starts as NaN, so an element never written shows."""
 
-    Q: object
-    K: object
-    V: object
-    O: object
-    dO: object
-    L: object
-    D: object
-    dQ_accum: object
-    dQ: object
-    dK: object
-    dV: object
+    Q: DeviceArray
+    K: DeviceArray
+    V: DeviceArray
+    O: DeviceArray
+    dO: DeviceArray
+    L: DeviceArray
+    D: DeviceArray
+    dQ_accum: DeviceArray
+    dQ: DeviceArray
+    dK: DeviceArray
+    dV: DeviceArray
 
     @classmethod
     def allocate(cls, Q, K, V, O, dO, L, dtype: str) -> BackwardBuffers:
@@ -151,13 +156,14 @@ def flash_attention_backward(
                                      scale=scale, dtype=dtype, instrumented=instrumented, write_logsumexp=True)
     cupy = import_cupy()
     O = forward.out.reshape(Q.shape)
-    b = BackwardBuffers.allocate(*(device_view(x, dtype) for x in (Q, K, V, O, dO)),
-                                 cupy.asarray(forward.logsumexp.reshape(heads, n_q)), dtype)
+    assert forward.logsumexp is not None  # write_logsumexp=True
+    Q_d, K_d, V_d, O_d, dO_d = (device_view(x, dtype) for x in (Q, K, V, O, dO))
+    b = BackwardBuffers.allocate(Q_d, K_d, V_d, O_d, dO_d, cupy.asarray(forward.logsumexp.reshape(heads, n_q)), dtype)
     counters = cupy.zeros(COUNTERS, dtype=cupy.uint64) if instrumented else None
     launch_backward(kernels, b, sched, scale, counters)
 
     dq, dk, dv = (x.get().view(Q.dtype).reshape(np.shape(like)) for x, like in ((b.dQ, q), (b.dK, k), (b.dV, v)))
-    traffic = counted_traffic(counters.get()) if instrumented else None
+    traffic = counted_traffic(counters.get()) if counters is not None else None  # instrumented
     counted = frozenset((kernel, t) for kernel, tensors in COUNTED.items() for t, _ in tensors) if instrumented \
         else frozenset()
     return GPUBackwardRun(dq=dq, dk=dk, dv=dv, forward=forward, traffic=traffic, counted=counted,

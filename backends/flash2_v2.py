@@ -19,7 +19,7 @@ SOURCE = "flash2_forward_v2.cu"
 HEAD_DIMS = (64, 128)  # 32 rows of a_i per warp: d = 256 would not fit the register file
 BLOCK_Q = (64, 128)  # B_r: a multiple of 32, one warp per 32 rows
 BLOCK_KV = (32, 64, 128)  # B_c: a multiple of 16
-CHOICES = {"dtype": list(STORAGE_TYPES), "d": list(HEAD_DIMS), "block_q": list(BLOCK_Q), "block_kv": list(BLOCK_KV)}
+CHOICES: dict[str, list] = {"dtype": list(STORAGE_TYPES), "d": list(HEAD_DIMS), "block_q": list(BLOCK_Q), "block_kv": list(BLOCK_KV)}
 
 
 @functools.cache

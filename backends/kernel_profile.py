@@ -54,15 +54,15 @@ def target(spec: dict) -> None:
     """Per configuration: every version's timed build once unprofiled (compiling it), then, inside
     one profiler range, each version once and SDPA flash once."""
     cupy = import_cupy()
-    tiles = tuple(spec["tiles"])
+    block_q, block_kv = spec["tiles"]
     found = _sdpa()
     for index, config in enumerate(spec["configs"]):
         c = BenchConfig(**config)
         rng = cupy.random.default_rng(spec["seed"] + index)
         Q, K, V = (rng.standard_normal((c.heads, c.n, c.d), dtype=cupy.float32).astype(cupy.float16) for _ in range(3))
         O = poisoned_output(Q.shape, DTYPE)
-        sched = TileSchedule(c.n, c.n, *tiles, causal=c.causal)
-        kernels = [kernel_version(version)(DTYPE, *tiles, c.d) for version in spec["versions"]]
+        sched = TileSchedule(c.n, c.n, block_q, block_kv, causal=c.causal)
+        kernels = [kernel_version(version)(DTYPE, block_q, block_kv, c.d) for version in spec["versions"]]
         scale = 1.0 / float(np.sqrt(c.d))
         for kernel in kernels:
             launch(kernel, Q, K, V, O, sched, scale)

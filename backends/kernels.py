@@ -9,8 +9,14 @@ from __future__ import annotations
 import functools
 import importlib.resources
 import re
+from typing import TYPE_CHECKING, TypeAlias
 
 import attrs
+
+if TYPE_CHECKING:  # CuPy is imported lazily, at run time (import_cupy)
+    import cupy
+
+    DeviceArray: TypeAlias = cupy.ndarray
 
 # Template argument DT of the kernels (StorageType in ptx.cuh): 16-bit storage on the tensor cores.
 STORAGE_TYPES = {"float16": 0, "bfloat16": 1}

@@ -13,6 +13,8 @@ all of S and read all of P, whose never-written entries stay the zeros P was all
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import attrs
 import numpy as np
 
@@ -21,6 +23,9 @@ from simflash.backends.flash2 import GPURun, device_view, poisoned_output
 from simflash.backends.kernels import SOFTMAX_THREADS, STORAGE_TYPES, SoftmaxKernel, import_cupy
 from simflash.memory import Flow, Traffic
 from simflash.schedule import TileSchedule
+
+if TYPE_CHECKING:
+    from simflash.backends.kernels import DeviceArray
 
 NAIVE_DTYPES = tuple(STORAGE_TYPES)  # the 16-bit storage dtypes cuBLAS and the softmax take
 
@@ -54,17 +59,17 @@ def gemm(dtype: str, transa: bool, m: int, n: int, k: int, alpha: float, A, lda:
 class NaivePath:
     """Device buffers and kernels of one naive configuration; `run()` launches the three kernels."""
 
-    Q: object  # (H, n_q, d) 16-bit device array
-    K: object  # (H, n_kv, d)
-    V: object  # (H, n_kv, d)
+    Q: DeviceArray  # (H, n_q, d) 16-bit device array
+    K: DeviceArray  # (H, n_kv, d)
+    V: DeviceArray  # (H, n_kv, d)
     sched: TileSchedule
     scale: float
     dtype: str = "float16"
     instrumented: bool = False
-    S: object = attrs.field(init=False)  # (H, n_q, n_kv) scale * Q K^T
-    P: object = attrs.field(init=False)  # (H, n_q, n_kv) probabilities, zeros where never stored
-    O: object = attrs.field(init=False)  # (H, n_q, d)
-    counters: object = attrs.field(init=False)  # instrumented: [S read, P written] by the softmax
+    S: DeviceArray = attrs.field(init=False)  # (H, n_q, n_kv) scale * Q K^T
+    P: DeviceArray = attrs.field(init=False)  # (H, n_q, n_kv) probabilities, zeros where never stored
+    O: DeviceArray = attrs.field(init=False)  # (H, n_q, d)
+    counters: DeviceArray = attrs.field(init=False)  # instrumented: [S read, P written] by the softmax
 
     def __attrs_post_init__(self) -> None:
         check_dtype(self.dtype)

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import attrs
 
@@ -142,9 +143,9 @@ def assign_stages(kernels: list[dict], configs: list[ProfileConfig]) -> list[dic
 
 def _measured(kernels: list[dict], metrics: dict[str, str]) -> dict:
     sums = {ours: sum(k["metrics"].get(theirs, 0.0) for k in kernels) for ours, theirs in metrics.items()}
-    out = {key: int(round(value)) for key, value in sums.items() if not key.endswith("_sectors")}
+    out = {key: round(value) for key, value in sums.items() if not key.endswith("_sectors")}
     if "l2_sm_read_sectors" in metrics and "l2_sm_write_sectors" in metrics:
-        out["l2_sm_bytes"] = int(round(sums["l2_sm_read_sectors"] + sums["l2_sm_write_sectors"])) * SECTOR_BYTES
+        out["l2_sm_bytes"] = round(sums["l2_sm_read_sectors"] + sums["l2_sm_write_sectors"]) * SECTOR_BYTES
     if "l2_sm_read_sectors" in metrics and "l2_sm_read_hit_sectors" in metrics and sums["l2_sm_read_sectors"]:
         out["l2_read_hit_rate"] = sums["l2_sm_read_hit_sectors"] / sums["l2_sm_read_sectors"]
     out["dram_bytes"] = out["dram_read_bytes"] + out["dram_write_bytes"]
@@ -175,7 +176,7 @@ def kernel_rows(config: ProfileConfig, stages: dict[str, list[dict]], counted: d
     return rows
 
 
-def run_ncu(ncu: str, metrics: list[str], target: str, spec: dict, raw_csv: Path | None = None) -> tuple[str, list, object]:
+def run_ncu(ncu: str, metrics: list[str], target: str, spec: dict, raw_csv: Path | None = None) -> tuple[str, list, Any]:
     """Run `python -m target SPEC.json RESULT.json` under ncu: the GPU's clocks left alone, every cache
     flushed before each kernel (cold, as the logical model assumes), only the target's profiler range.
     Returns the command as one line (paths left out), the profiled kernels in launch order

@@ -72,7 +72,7 @@ def split_kernels(kernels: list[dict], configs: list[BackwardProfileConfig]) -> 
 
 def measured(kernel: dict) -> dict:
     """The collected metrics of one kernel under our names (base units, integers)."""
-    return {ours: int(round(kernel["metrics"][theirs])) for ours, theirs in METRICS.items()
+    return {ours: round(kernel["metrics"][theirs]) for ours, theirs in METRICS.items()
             if theirs in kernel["metrics"]}
 
 
@@ -99,7 +99,7 @@ def kernel_rows(c: BackwardProfileConfig, ours: list[dict], theirs: list[dict], 
         role = next((ledger for marker, ledger in FA2_ROLES.items() if marker in k["name"]), None)
         rows.append({"side": "sdpa_flash", "kernel": role, "name": k["name"][:120],
                      "tiles": f"{fa2_tiles[0]}x{fa2_tiles[1]}" if fa2_tiles else None,
-                     "logical_bytes": fa2_logical.get(role), "instrumented_bytes": None, **measured(k)})
+                     "logical_bytes": None if role is None else fa2_logical.get(role), "instrumented_bytes": None, **measured(k)})
     return rows
 
 

@@ -293,6 +293,10 @@ def versions_table(rows_in: list[dict]) -> Table:
     return headers, rows
 
 
+def _shown(row: dict, key: str, fmt: str, divide: float = 1.0) -> str:
+    return "–" if row.get(key) is None else format(row[key] / divide, fmt)
+
+
 def kernel_profile_table(result: dict) -> Table:
     """Per configuration and kernel, what Nsight Compute measured (a metric ncu lacked shows as –)."""
     headers = ["N", "d", "causal", "kernel", "time µs", "TFLOP/s (under ncu)", "tensor pipe active %",
@@ -300,16 +304,12 @@ def kernel_profile_table(result: dict) -> Table:
     rows = []
     for row in result["rows"]:
         c = row["config"]
-
-        def shown(key: str, fmt: str, divide: float = 1.0) -> str:
-            return "–" if row.get(key) is None else format(row[key] / divide, fmt)
-
         time_ns = row.get("time_ns")
         rows.append([str(c["n"]), str(c["d"]), "yes" if c["causal"] else "no", row["kernel"],
-                     shown("time_ns", ",.1f", 1e3), "–" if not time_ns else f"{row['flops'] / time_ns / 1e3:.1f}",
-                     shown("tensor_active_pct", ".1f"), shown("shared_wavefronts", ",.1f", 1e6),
-                     shown("shared_wavefronts", ".1f", row["flops"] / 1e6), shown("warps_active_pct", ".1f"),
-                     shown("dram_read_bytes", ",.1f", MiB)])
+                     _shown(row, "time_ns", ",.1f", 1e3), "–" if not time_ns else f"{row['flops'] / time_ns / 1e3:.1f}",
+                     _shown(row, "tensor_active_pct", ".1f"), _shown(row, "shared_wavefronts", ",.1f", 1e6),
+                     _shown(row, "shared_wavefronts", ".1f", row["flops"] / 1e6), _shown(row, "warps_active_pct", ".1f"),
+                     _shown(row, "dram_read_bytes", ",.1f", MiB)])
     return headers, rows
 
 

@@ -12,6 +12,7 @@ says the program reached its end.
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import attrs
 import numpy as np
@@ -108,13 +109,14 @@ def _forward(version: str, rng: np.random.Generator) -> None:
                                 or not flash2.builds(version, c.block_q, c.block_kv, c.d)):
             continue  # versions 2 and 3 are built without windows or grouped heads, for fewer tile shapes
         q, k, v = inputs(rng, c)
-        common = dict(causal=c.causal, causal_variant=c.causal_variant, dtype=c.dtype, window=c.window,
-                      pack_gqa=c.pack_gqa, version=version, write_logsumexp=version == "v1" and c == LOGSUMEXP_CONFIG)
+        common: dict[str, Any] = dict(
+            causal=c.causal, causal_variant=c.causal_variant, dtype=c.dtype, window=c.window, pack_gqa=c.pack_gqa,
+            version=version, write_logsumexp=version == "v1" and c == LOGSUMEXP_CONFIG)
         ref = reference_attention(q, k, v, c.causal, c.causal_variant, dtype=c.dtype, window=c.window)
         # the traced (head, tile): the last head and the last (ragged, most masked) query tile, as validate does
         tile = TileSchedule(c.n_q * (c.group if c.pack_gqa else 1), c.n_kv, c.block_q, c.block_kv).n_q_tiles - 1
         for instrumented in (True, False):
-            trace = dict(trace_head=c.cta_heads - 1, trace_tile=tile) if instrumented else {}
+            trace: dict[str, Any] = dict(trace_head=c.cta_heads - 1, trace_tile=tile) if instrumented else {}
             run = flash2.flash_attention(q, k, v, c.block_q, c.block_kv, **common, instrumented=instrumented, **trace)
             error = relative_error(run.out, ref)
             if not within_tolerance(error, c.dtype):
@@ -163,7 +165,7 @@ def backward(rng: np.random.Generator) -> None:
     for c in BACKWARD_CONFIGS:
         q, k, v = inputs(rng, c)
         do = rng.standard_normal(q.shape, dtype=np.float32)
-        common = dict(causal=c.causal, causal_variant=c.causal_variant, dtype=c.dtype)
+        common: dict[str, Any] = dict(causal=c.causal, causal_variant=c.causal_variant, dtype=c.dtype)
         _, _, *exact = reference_backward(q, k, v, do, **common)
         naive = naive_backward(q, k, v, do, **common)
         atol = gradient_atol(upcast(v, c.dtype), upcast(do, c.dtype))

@@ -8,6 +8,7 @@ backend whose kernels look like the math path's (a softmax kernel and no attenti
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")
 FUSED_MARKERS = ("flash", "fmha", "attention", "attn", "sdpa")  # in a fused attention kernel's name
@@ -42,7 +43,7 @@ def sdpa_check(n: int, d: int, causal: bool = False, heads: int = 32, dtype: str
     sdpa = torch.nn.functional.scaled_dot_product_attention
     results = []
     for backend in (*BACKENDS, "default"):
-        entry = {"backend": backend}
+        entry: dict[str, Any] = {"backend": backend}  # a JSON record
         try:
             context = sdpa_kernel(getattr(SDPBackend, backend)) if backend != "default" else contextlib.nullcontext()
             with context:

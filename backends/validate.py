@@ -17,13 +17,21 @@ both sets.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, TypedDict
+
 import attrs
 import numpy as np
 
 import simflash as sf
 from simflash.backends import flash2, naive
+from simflash.config import (
+    STORAGE_DTYPE_NAMES, CausalVariant, StorageDtypeName, check_causal_variant, check_choice, check_window,
+)
 from simflash.memory import Traffic
 from simflash.numerics import fa_rule, reference_attention, relative_error, upcast, within_tolerance
+
+if TYPE_CHECKING:
+    from simflash.backends.validate_backward import BackwardConfig
 
 TRACE_RTOL = 1e-3  # m and l: fp32 sums in a different order and a hardware exp2
 
@@ -41,7 +49,7 @@ class CheckConfig:
     block_kv: int = 64
     batch: int = 1  # leading dim of q, k, v when above 1: (batch, heads, n, d)
     kv_heads: int | None = None  # K/V heads per batch element (None: as many as query heads)
-    window: tuple[int, int] = attrs.field(default=(-1, -1), converter=tuple)
+    window: tuple[int, int] = attrs.field(default=(-1, -1), converter=check_window)
     pack_gqa: bool = False
 
     def __attrs_post_init__(self) -> None:
@@ -163,6 +171,26 @@ def build_checks(gpu, timed, simulated: Traffic, model: Traffic) -> dict:
     }
 
 
+class Inputs(TypedDict):
+    """The masking and dtype every run of a configuration takes."""
+
+    causal: bool
+    causal_variant: CausalVariant
+    dtype: StorageDtypeName
+
+
+def inputs(causal: bool, causal_variant: str, dtype: str) -> Inputs:
+    return Inputs(causal=causal, causal_variant=check_causal_variant(causal_variant),
+                  dtype=check_choice("dtype", dtype, STORAGE_DTYPE_NAMES))
+
+
+class Tiles(TypedDict):
+    block_q: int
+    block_kv: int
+    window: tuple[int, int]
+    pack_gqa: bool
+
+
 def check(config: CheckConfig, rng: np.random.Generator, version: str = "v1") -> dict:
     """Run one configuration every way and record how the results compare (the naive GPU path with
     version 1 only: it does not depend on the FA-2 kernel's version)."""
@@ -172,8 +200,8 @@ def check(config: CheckConfig, rng: np.random.Generator, version: str = "v1") ->
     q = rng.standard_normal((*lead, c.heads, c.n_q, c.d), dtype=np.float32)
     k = rng.standard_normal((*lead, kv_heads, c.n_kv, c.d), dtype=np.float32)
     v = rng.standard_normal((*lead, kv_heads, c.n_kv, c.d), dtype=np.float32)
-    common = dict(causal=c.causal, causal_variant=c.causal_variant, dtype=c.dtype)
-    tiles = dict(block_q=c.block_q, block_kv=c.block_kv, window=c.window, pack_gqa=c.pack_gqa)
+    common = inputs(c.causal, c.causal_variant, c.dtype)
+    tiles = Tiles(block_q=c.block_q, block_kv=c.block_kv, window=c.window, pack_gqa=c.pack_gqa)
     trace_head = c.cta_heads - 1  # the last head and the last (ragged, most masked) query tile
     trace_tile = sf.TileSchedule(c.n_q * (c.group if c.pack_gqa else 1), c.n_kv, c.block_q, c.block_kv).n_q_tiles - 1
 
@@ -209,6 +237,7 @@ def check(config: CheckConfig, rng: np.random.Generator, version: str = "v1") ->
                                       "passed": rule.passed}
     elif c.dtype in naive.NAIVE_DTYPES and version == "v1":
         gpu_naive = naive.naive_attention(q, k, v, **common)
+        assert gpu_naive.traffic is not None  # instrumented
         logical = sf.model.naive_traffic(c.n_q, c.d, c.dtype, c.causal, n_kv=c.n_kv, heads=c.heads,
                                          causal_variant=c.causal_variant)
         dense = sf.model.naive_traffic(c.n_q, c.d, c.dtype, False, n_kv=c.n_kv, heads=c.heads)
@@ -242,12 +271,13 @@ def passed(record: dict) -> bool:
 
 def refusals() -> list[dict]:
     """Configurations the kernel is not built for are refused with a ValueError naming the argument."""
-    cases = {"d=96": dict(d=96), "d=512": dict(d=512), "block_q=100": dict(block_q=100),
+    # Any: arguments the kernel must refuse, so deliberately not of the types it takes
+    cases: dict[str, dict[str, Any]] = {"d=96": dict(d=96), "d=512": dict(d=512), "block_q=100": dict(block_q=100),
              "block_kv=48": dict(block_kv=48), "dtype=float32": dict(dtype="float32"),
              "d=256 with 128x128 tiles (320 KiB of shared memory)": dict(d=256, block_kv=128)}
     out = []
     for label, change in cases.items():
-        kwargs = dict(dtype="float16", block_q=128, block_kv=64, d=64) | change
+        kwargs: dict[str, Any] = {"dtype": "float16", "block_q": 128, "block_kv": 64, "d": 64} | change
         q = np.ones((1, 8, kwargs.pop("d")), dtype=np.float32)
         try:
             flash2.flash_attention(q, q, q, **kwargs)
@@ -274,13 +304,16 @@ def suite_configs(suites: tuple[str, ...], quick: bool = False) -> tuple[list[Ch
     return configs, decode_configs()
 
 
-def validate(configs: list[CheckConfig], seed: int | None = None, progress=None, decode: list | None = None,
+def validate(configs: list[CheckConfig] | list[BackwardConfig], seed: int | None = None, progress=None, decode: list | None = None,
              version: str | None = "v1", check=check, refusals=refusals) -> dict:
     """Run every configuration on fresh inputs (seed recorded, so a run can be repeated); `decode`:
     Flash-Decoding configurations (simflash.backends.validate_decode), recorded apart. `check` and
     `refusals` are the forward's unless given (simflash.backends.validate_backward passes the backward's,
     with version None: its checks take no forward kernel version)."""
-    seed = int(np.random.SeedSequence().entropy) if seed is None else seed
+    if seed is None:
+        entropy = np.random.SeedSequence().entropy  # an int when drawn fresh
+        assert isinstance(entropy, int)
+        seed = entropy
     rng = np.random.default_rng(seed)
     records = []
     for config in configs:

@@ -18,13 +18,14 @@ For each configuration, on fresh random q, k, v and output gradient dO:
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import attrs
 import numpy as np
 
 import simflash as sf
 from simflash.backends import flash2_backward
-from simflash.backends.validate import CheckConfig, ledger_rows
+from simflash.backends.validate import CheckConfig, inputs, ledger_rows
 from simflash.backends.validate import validate as forward_validate
 from simflash.config import storage_dtype
 from simflash.memory import Traffic
@@ -78,7 +79,7 @@ def reference_backward(q, k, v, do, causal: bool = False, causal_variant: str = 
                  -np.inf)  # (..., n_q, n_kv)
     m = S.max(axis=-1, keepdims=True)
     E = np.exp(S - np.where(np.isneginf(m), 0.0, m))
-    l = E.sum(axis=-1, keepdims=True)  # noqa: E741
+    l = E.sum(axis=-1, keepdims=True)
     P = np.divide(E, l, out=np.zeros_like(E), where=l > 0)
     L = np.full(l.shape[:-1], np.inf)
     seen = l[..., 0] > 0
@@ -105,7 +106,7 @@ def naive_backward(q, k, v, do, causal: bool = False, causal_variant: str = "upp
     S = np.where(visible, stored(np.float32(scale) * (Q @ K.swapaxes(-1, -2))), -np.inf)
     m = S.max(axis=-1, keepdims=True)
     E = np.exp(S - np.where(np.isneginf(m), 0.0, m))
-    l = E.sum(axis=-1, keepdims=True)  # noqa: E741
+    l = E.sum(axis=-1, keepdims=True)
     P = stored(np.divide(E, l, out=np.zeros_like(E), where=l > 0))
     dP = stored(dO @ V.swapaxes(-1, -2))
     dS = stored(P * (dP - (P * dP).sum(axis=-1, keepdims=True)))
@@ -177,7 +178,7 @@ def check(config: BackwardConfig, rng: np.random.Generator) -> dict:
     q = rng.standard_normal((c.heads, c.n_q, c.d), dtype=np.float32)
     k, v = (rng.standard_normal((c.heads, c.n_kv, c.d), dtype=np.float32) for _ in range(2))
     do = rng.standard_normal((c.heads, c.n_q, c.d), dtype=np.float32)
-    common = dict(causal=c.causal, causal_variant=c.causal_variant, dtype=c.dtype)
+    common = inputs(c.causal, c.causal_variant, c.dtype)
     scale = 1.0 / math.sqrt(c.d)
 
     gpu = flash2_backward.flash_attention_backward(q, k, v, do, c.block_q, c.block_kv, **common)
@@ -196,6 +197,7 @@ def check(config: BackwardConfig, rng: np.random.Generator) -> dict:
                                            None if isinstance(sdpa, str) else sdpa[index])
     timed_dq_error = max_abs_error(timed.dq, ref[0])
     lse_gpu = gpu.forward.logsumexp
+    assert lse_gpu is not None and gpu.traffic is not None  # the backward's forward writes L; instrumented
     same_infinities = bool(np.array_equal(np.isposinf(lse_gpu), np.isinf(lse_ref)))
     seen = np.isfinite(lse_ref)
     lse_diff = float(np.max(np.abs(lse_gpu[seen] - lse_ref[seen]) / np.maximum(1, np.abs(lse_ref[seen])), initial=0.0))
@@ -248,12 +250,13 @@ def passed(record: dict) -> bool:
 
 def refusals() -> list[dict]:
     """Configurations the backward kernels are not built for are refused with a ValueError naming the argument."""
-    cases = {"d=256": dict(d=256), "block_q=32": dict(block_q=32), "block_kv=64": dict(block_kv=64),
+    # Any: arguments the kernels must refuse, so deliberately not of the types they take
+    cases: dict[str, dict[str, Any]] = {"d=256": dict(d=256), "block_q=32": dict(block_q=32), "block_kv=64": dict(block_kv=64),
              "dtype=float32": dict(dtype="float32"),
              "block_q=128 at d=128 (256 KiB of shared memory)": dict(block_q=128, d=128)}
     out = []
     for label, change in cases.items():
-        kwargs = dict(dtype="float16", block_q=64, block_kv=128, d=64) | change
+        kwargs: dict[str, Any] = {"dtype": "float16", "block_q": 64, "block_kv": 128, "d": 64} | change
         q = np.ones((1, 8, kwargs.pop("d")), dtype=np.float32)
         try:
             flash2_backward.flash_attention_backward(q, q, q, q, **kwargs)

@@ -15,13 +15,16 @@ aligned to the bottom right of its cache length). Recorded per configuration:
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 import attrs
 import numpy as np
 
 import simflash as sf
 from simflash.backends import decoding
 from simflash.backends.kernels import DECODE_BLOCK_KV
-from simflash.backends.validate import build_checks
+from simflash.backends.validate import build_checks, inputs
+from simflash.config import STORAGE_DTYPE_NAMES, StorageDtypeName, check_choice, check_window
 from simflash.numerics import fa_rule, reference_attention, reference_mask, upcast
 
 
@@ -39,7 +42,7 @@ class DecodeConfig:
     pack_gqa: bool = True
     cache_seqlens: tuple[int, ...] | None = attrs.field(default=None, converter=lambda x: None if x is None else tuple(x))
     causal: bool = False
-    window: tuple[int, int] = attrs.field(default=(-1, -1), converter=tuple)
+    window: tuple[int, int] = attrs.field(default=(-1, -1), converter=check_window)
 
     @property
     def tile(self) -> int:
@@ -112,6 +115,18 @@ def _sdpa(c: DecodeConfig, q, k, v) -> np.ndarray | str:
     return np.stack(out)
 
 
+class DecodeOptions(TypedDict):
+    """What the simulator's and the GPU's flash_decoding take alike."""
+
+    num_splits: int | None
+    block_kv: int | None
+    pack_gqa: bool
+    cache_seqlens: tuple[int, ...] | None
+    causal: bool
+    window: tuple[int, int]
+    dtype: StorageDtypeName
+
+
 def check(config: DecodeConfig, rng: np.random.Generator) -> dict:
     """Run one configuration every way and record how the results compare."""
     c = config
@@ -119,8 +134,8 @@ def check(config: DecodeConfig, rng: np.random.Generator) -> dict:
     k = rng.standard_normal((c.batch, c.kv_heads, c.n_kv, c.d), dtype=np.float32)
     v = rng.standard_normal((c.batch, c.kv_heads, c.n_kv, c.d), dtype=np.float32)
     splits = _split_count(c)
-    common = dict(num_splits=splits, block_kv=c.tile, pack_gqa=c.pack_gqa, cache_seqlens=c.cache_seqlens,
-                  causal=c.causal, window=c.window, dtype=c.dtype)
+    common = DecodeOptions(num_splits=splits, block_kv=c.tile, pack_gqa=c.pack_gqa, cache_seqlens=c.cache_seqlens,
+                           causal=c.causal, window=c.window, dtype=check_choice("dtype", c.dtype, STORAGE_DTYPE_NAMES))
 
     gpu = decoding.flash_decoding(q, k, v, **common)
     timed = decoding.flash_decoding(q, k, v, **common, instrumented=False)
@@ -129,9 +144,9 @@ def check(config: DecodeConfig, rng: np.random.Generator) -> dict:
                                             num_splits=splits, block_kv=c.tile, pack_gqa=c.pack_gqa,
                                             cache_seqlens=c.cache_seqlens, causal=c.causal, window=c.window,
                                             dtype=c.dtype)
-    masks = dict(causal=c.causal, causal_variant="lower_right", dtype=c.dtype, window=c.window)
-    ref = _by_batch(c, q, k, v, lambda *x: reference_attention(*x, **masks))
-    naive = _by_batch(c, q, k, v, lambda *x: sf.naive_attention(*x, **masks).out)
+    masks = inputs(c.causal, "lower_right", c.dtype)
+    ref = _by_batch(c, q, k, v, lambda q, k, v: reference_attention(q, k, v, **masks, window=c.window))
+    naive = _by_batch(c, q, k, v, lambda q, k, v: sf.naive_attention(q, k, v, **masks, window=c.window).out)
     rule = fa_rule(gpu.out, naive, ref, upcast(v, c.dtype))
     record = {
         "config": attrs.asdict(c),

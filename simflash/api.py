@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Generator, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Literal
@@ -27,9 +28,9 @@ from simflash.config import (
     gpu_spec,
     storage_dtype,
 )
-from simflash.grid import Schedule, check_schedule, run_bodies
+from simflash.grid import CTA, Schedule, check_schedule, run_bodies
 from simflash.l2 import PhysicalTraffic
-from simflash.memory import HBM, MemoryEvent, OnChipStats, SimulatedGPU, Traffic
+from simflash.memory import HBM, MemoryEvent, OnChipStats, SimulatedGPU, TiledHBM, Traffic
 from simflash.onchip import (
     DEFAULT_KV_STAGES,
     DEFAULT_P_REGISTERS,
@@ -177,10 +178,12 @@ def stored_heads(name: str, x: np.ndarray, dtype: str) -> np.ndarray:
     return rounded
 
 
-CACHE_MODES = ("cold", "warm")
 CacheMode = Literal["cold", "warm"]
 Variant = Literal["fa2", "fa1"]  # the tiled algorithms (simflash.algorithms.FLASH_ALGORITHMS)
 OAccumDtype = Literal["storage", "float32"]
+CACHE_MODES: tuple[CacheMode, ...] = ("cold", "warm")
+VARIANTS: tuple[Variant, ...] = ("fa2", "fa1")
+O_ACCUM_DTYPES: tuple[OAccumDtype, ...] = ("storage", "float32")
 
 
 def check_cache(cache: object) -> str | None:
@@ -195,10 +198,8 @@ def _simulated_gpu(gpu: str, sram_bytes: int | None, record_events: bool, cache:
     spec = gpu_spec(gpu)
     capacity = spec.smem_carveout_bytes if sram_bytes is None else check_positive_int("sram_bytes", sram_bytes)
     registers = None if block_q is None else register_capacity_bytes(spec, block_q)
-    machine = SimulatedGPU.build(capacity, record_events, registers)
-    if check_cache(cache) is not None:
-        machine.hbm.l2 = l2_cache(spec)
-    return machine, capacity
+    l2 = None if check_cache(cache) is None else l2_cache(spec)
+    return SimulatedGPU.build(capacity, record_events, registers, l2), capacity
 
 
 @attrs.define
@@ -317,7 +318,7 @@ def run_tiled(
 
     ctas = algorithm.grid(sched, heads, longest_first=longest_first, group=heads // machine.hbm.shape("K")[0])
     with machine.hbm.kernel(algorithm.kernel):
-        yield from run_bodies({cta: (lambda cta=cta: body(cta)) for cta in ctas}, slots)
+        yield from run_bodies({cta: functools.partial(body, cta) for cta in ctas}, slots)
 
 
 def _trace_config(config: RunConfig) -> dict[str, Any]:
@@ -332,6 +333,7 @@ def _flash_steps(setup: _FlashSetup) -> Generator[TileStep, None, Run]:
     machine, config, sched = setup.machine, setup.config, setup.sched
     profile = KERNEL_PROFILES["simflash"]
     concurrent = config.schedule == "concurrent"
+    assert config.gpu is not None and config.block_q is not None and config.block_kv is not None  # a tiled run's
     slots = resident_ctas(gpu_spec(config.gpu), profile, config.block_q, config.block_kv, config.d,
                           storage_dtype(config.dtype).itemsize) if concurrent else 1
     if machine.hbm.l2 is not None:
@@ -479,7 +481,7 @@ def naive_attention(
 
 
 def naive_forward(q, k, v, causal, causal_variant, scale, dtype, *, record_events=False, schedule="sequential",
-                  cache=None, gpu=DEFAULT_GPU, window=(-1, -1)) -> tuple[Run, HBM]:
+                  cache=None, gpu=DEFAULT_GPU, window=(-1, -1)) -> tuple[Run, HBM | TiledHBM]:
     """`naive_attention`'s run, and the HBM it leaves: S and P stay there for a backward to read."""
     causal = check_bool("causal", causal)
     record_events = check_bool("record_events", record_events)
@@ -500,6 +502,10 @@ def naive_forward(q, k, v, causal, causal_variant, scale, dtype, *, record_event
         hbm.allocate(name, (heads, n_q, n_kv), Q.dtype, poison=False)
     hbm.allocate("O", Q.shape, Q.dtype)
     ctas = naive_grid(sched, heads, Q.dtype.itemsize)
+
+    def naive_body(kernel: str, cta: CTA) -> Iterator:
+        return _attributed(machine, cta.index, NAIVE_CTAS[kernel](machine, sched, scale, cta))
+
     overflow = 0
     for kernel in NAIVE_KERNELS:
         if hbm.l2 is not None and (cache == "cold" or kernel == NAIVE_KERNELS[0]):
@@ -507,8 +513,7 @@ def naive_forward(q, k, v, causal, causal_variant, scale, dtype, *, record_event
         # An S beyond the storage dtype's range is stored as inf, as an fp16 eager path stores it, and its
         # row's softmax is NaN: counted below in run.overflow, not left to NumPy's RuntimeWarning.
         with hbm.kernel(kernel), np.errstate(over="ignore", invalid="ignore"):
-            for _ in run_bodies({cta: (lambda cta=cta, kernel=kernel: _attributed(
-                    machine, cta.index, NAIVE_CTAS[kernel](machine, sched, scale, cta))) for cta in ctas}, 1):
+            for _ in run_bodies({cta: functools.partial(naive_body, kernel, cta) for cta in ctas}, 1):
                 pass
         if kernel == NAIVE_KERNELS[0]:  # only the stored entries: masked ones are never written
             stored = np.isinf(hbm.inspect("S").astype(STATE_DTYPE))

@@ -39,7 +39,7 @@ from simflash.config import (
     check_bool,
     check_positive_int,
 )
-from simflash.memory import HBM, OnChipStats, SimulatedGPU, Traffic
+from simflash.memory import HBM, OnChipStats, SimulatedGPU, TiledHBM, Traffic
 from simflash.trace_backward import BackwardStep, BackwardTrace, check_backward_trace
 from simflash.trace_step import TraceLevel
 
@@ -73,7 +73,7 @@ def _machine_with_inputs(q, k, v, do, dtype, scale, causal_variant) -> tuple[Sim
     return machine, (Q.shape, K.shape), scale
 
 
-def _allocate_gradients(hbm: HBM, q_shape: tuple, kv_shape: tuple, storage: np.dtype) -> None:
+def _allocate_gradients(hbm: HBM | TiledHBM, q_shape: tuple, kv_shape: tuple, storage: np.dtype) -> None:
     """dQ, dK, dV in the storage dtype; with grouped-query heads also dK_expanded and dV_expanded, which
     hold every query head's dK and dV until the group sum."""
     hbm.allocate("dQ", q_shape, storage)
@@ -136,6 +136,7 @@ def flash_attention_backward(
                               scale=scale, dtype=dtype, trace="none", write_logsumexp=True, window=window)
     hbm, storage = machine.hbm, forward.out.dtype
     hbm.place("O", forward.out.reshape(q_shape), storage)
+    assert forward.logsumexp is not None  # write_logsumexp=True
     hbm.place("L", forward.logsumexp.reshape(q_shape[:-1]), STATE_DTYPE)
     hbm.allocate("D", q_shape[:-1], STATE_DTYPE)
     hbm.allocate("dQ_accum", q_shape, STATE_DTYPE)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 import numpy as np
 
 import simflash as sf
-from simflash.config import STATE_DTYPE, storage_dtype
+from simflash.config import STATE_DTYPE, StorageDtypeName, storage_dtype
 
 
 def bare_tiled_attention(Q, K, V, block_q: int, block_kv: int, scale: float) -> np.ndarray:
@@ -80,10 +80,11 @@ def time_pair(simulated: Callable[[], object], bare: Callable[[], object], repea
 
 def random_inputs(n: int, d: int, dtype: str, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
-    return tuple(rng.standard_normal((n, d), dtype=np.float32).astype(storage_dtype(dtype)) for _ in range(3))
+    q, k, v = (rng.standard_normal((n, d), dtype=np.float32).astype(storage_dtype(dtype)) for _ in range(3))
+    return q, k, v
 
 
-def flash_overhead(n: int = 4096, d: int = 128, dtype: str = "float16", block_q: int = 128,
+def flash_overhead(n: int = 4096, d: int = 128, dtype: StorageDtypeName = "float16", block_q: int = 128,
                    block_kv: int = 64, repeat: int = 3) -> dict:
     q, k, v = random_inputs(n, d, dtype)
     scale = 1 / math.sqrt(d)
@@ -97,7 +98,7 @@ def flash_overhead(n: int = 4096, d: int = 128, dtype: str = "float16", block_q:
             "target_ratio": 1.5}
 
 
-def naive_overhead(n: int = 4096, d: int = 128, dtype: str = "float16", repeat: int = 3) -> dict:
+def naive_overhead(n: int = 4096, d: int = 128, dtype: StorageDtypeName = "float16", repeat: int = 3) -> dict:
     q, k, v = random_inputs(n, d, dtype)
     scale = 1 / math.sqrt(d)
     sim, bare = time_pair(
@@ -110,7 +111,7 @@ def naive_overhead(n: int = 4096, d: int = 128, dtype: str = "float16", repeat: 
             "target_ratio": 1.3}
 
 
-def flash_large_run(n: int = 32768, d: int = 128, dtype: str = "float16") -> dict:
+def flash_large_run(n: int = 32768, d: int = 128, dtype: StorageDtypeName = "float16") -> dict:
     """FA-2 with trace='none' at N = n: its wall time and the peak resident memory of this process.
 
     Run it with `in_child` for a figure of its own: VmHWM is the process's own high-water mark, while
@@ -121,14 +122,17 @@ def flash_large_run(n: int = 32768, d: int = 128, dtype: str = "float16") -> dic
     run = sf.flash_attention(q, k, v, dtype=dtype, trace="none")
     seconds = time.perf_counter() - start
     with open("/proc/self/status") as status:
-        peak_kib = int(re.search(r"VmHWM:\s+(\d+) kB", status.read()).group(1))
+        peak = re.search(r"VmHWM:\s+(\d+) kB", status.read())
+    if peak is None:
+        raise RuntimeError("/proc/self/status has no VmHWM line")
+    peak_kib = int(peak.group(1))
     return {"what": "FA-2 simulation (trace='none'): wall time and peak resident memory, whole child process",
             "n": n, "d": d, "dtype": dtype, "seconds": seconds, "target_s": 30,
             "peak_rss_mb": peak_kib * 1024 / 1e6, "target_mb": 250, "total_bytes": run.traffic.total_bytes,
             "naive_S_would_be_mb": n * n * 4 / 1e6}
 
 
-def bare_large_run(n: int = 32768, d: int = 128, dtype: str = "float16", block_q: int = 128,
+def bare_large_run(n: int = 32768, d: int = 128, dtype: StorageDtypeName = "float16", block_q: int = 128,
                    block_kv: int = 64) -> dict:
     """The bare tiled loop at N = n: what the same math costs on this machine now, without the simulator."""
     q, k, v = random_inputs(n, d, dtype)

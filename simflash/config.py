@@ -6,15 +6,16 @@ import importlib.resources
 import math
 import os
 import pathlib
-from typing import Literal
+import sys
+from typing import Any, Literal, TypeVar
 
 import attrs
 import ml_dtypes
 import numpy as np
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ModuleNotFoundError:  # Python 3.10
+else:
     import tomli as tomllib
 
 KiB = 1024
@@ -32,10 +33,22 @@ STATE_DTYPE = np.dtype(np.float32)
 # The public API's choices, as types (the checks below hold values to them at run time).
 StorageDtypeName = Literal["float16", "bfloat16", "float32"]
 CausalVariant = Literal["upper_left", "lower_right"]
+STORAGE_DTYPE_NAMES: tuple[StorageDtypeName, ...] = ("float16", "bfloat16", "float32")
 
 # PyTorch's names. upper_left: query r sees keys c <= r (SDPA is_causal).
 # lower_right: query r sees keys c <= r + n_kv - n_q (FlashAttention >= 2.1).
-CAUSAL_VARIANTS = ("upper_left", "lower_right")
+CAUSAL_VARIANTS: tuple[CausalVariant, ...] = ("upper_left", "lower_right")
+
+Choice = TypeVar("Choice", bound=str)
+
+
+def check_choice(name: str, value: object, choices: tuple[Choice, ...]) -> Choice:
+    """value as one of choices, the values of a Literal type (a command-line string becomes that type here), or a
+    ValueError naming the argument and the choices."""
+    for choice in choices:
+        if isinstance(value, str) and value == choice:
+            return choice
+    raise ValueError(f"{name} must be one of {sorted(choices)}, got {value!r}")
 
 
 def storage_dtype(name: str) -> np.dtype:
@@ -46,10 +59,8 @@ def storage_dtype(name: str) -> np.dtype:
         raise ValueError(f"dtype must be one of {sorted(STORAGE_DTYPES)}, got {name!r}") from None
 
 
-def check_causal_variant(name: str) -> str:
-    if name not in CAUSAL_VARIANTS:
-        raise ValueError(f"causal_variant must be one of {CAUSAL_VARIANTS}, got {name!r}")
-    return name
+def check_causal_variant(name: object) -> CausalVariant:
+    return check_choice("causal_variant", name, CAUSAL_VARIANTS)
 
 
 def check_window(window: object) -> tuple[int, int]:
@@ -141,7 +152,7 @@ def _parse_machine(text: str, source: str) -> GPUSpec:
     unknown = sorted(set(table) - set(fields))
     if unknown:
         raise ValueError(f"machine file {source}: unknown key {unknown[0]!r}; the keys are GPUSpec's fields")
-    values = {}
+    values: dict[str, Any] = {}  # each checked against its field's type by _machine_value
     for key, field in fields.items():
         if key in table:
             values[key] = _machine_value(source, key, table[key], field.type)
@@ -153,7 +164,7 @@ def _parse_machine(text: str, source: str) -> GPUSpec:
     return GPUSpec(**values)
 
 
-def _machine_value(source: str, key: str, value: object, kind: type) -> object:
+def _machine_value(source: str, key: str, value: object, kind: object) -> object:
     """value checked against a GPUSpec field's type: str, a positive int or float, or a table of floats."""
     if kind is str:
         if not isinstance(value, str):

@@ -9,7 +9,8 @@ logsumexp merge). The split count, tiles and grid are FlashAttention-2's (simfla
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Iterator, Sequence
 
 import attrs
 import numpy as np
@@ -20,7 +21,7 @@ from simflash.algorithms.flash_decoding_split import KERNEL as SPLIT_KERNEL
 from simflash.algorithms.flash_decoding_split import split_cta, split_grid
 from simflash.api import Run, RunConfig, _simulated_gpu, _trace_config, pack_heads, prepare_inputs, unpack_heads
 from simflash.config import DEFAULT_GPU, STATE_DTYPE, MiB, StorageDtypeName, check_bool, gpu_spec
-from simflash.grid import run_bodies
+from simflash.grid import CTA, run_bodies
 from simflash.model.decode import decode_launch
 from simflash.onchip import DEFAULT_KV_STAGES, check_fits, cta_resources
 from simflash.schedule import SplitSchedule, check_cache_seqlens
@@ -99,8 +100,10 @@ def flash_decoding(
     # -- kernel 1: every (query tile, split, batch-head) CTA, in launch order
     heads_per_batch = Q.shape[0] // batch
     with hbm.kernel(SPLIT_KERNEL):
-        steps = tuple(run_bodies({cta: (lambda cta=cta: split_cta(machine.for_cta(cta.index), sched, scale, request,
-                                                                   cta, heads_per_batch))
+        def split_body(cta: CTA) -> Iterator:  # a CTA's view is made when it starts
+            return split_cta(machine.for_cta(cta.index), sched, scale, request, cta, heads_per_batch)
+
+        steps = tuple(run_bodies({cta: functools.partial(split_body, cta)
                                   for cta in split_grid(sched, heads_per_batch, group // pack)}, 1))
 
     # -- kernel 2: merge the splits, row by row
@@ -108,8 +111,10 @@ def flash_decoding(
     if launch.num_splits > 1:
         record = trace != "none"
         with hbm.kernel(COMBINE_KERNEL):
-            records = list(run_bodies({cta: (lambda cta=cta: combine_cta(machine.for_cta(cta.index),
-                                                                         launch.combine_block_rows, cta, record))
+            def combine_body(cta: CTA) -> Iterator:
+                return combine_cta(machine.for_cta(cta.index), launch.combine_block_rows, cta, record)
+
+            records = list(run_bodies({cta: functools.partial(combine_body, cta)
                                        for cta in combine_grid(rows, launch.combine_block_rows, launch.num_splits)},
                                       1))
         if record:

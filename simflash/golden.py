@@ -16,8 +16,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from simflash.algorithms import FLASH_ALGORITHMS
-from simflash.api import flash_attention
+from simflash.api import VARIANTS, flash_attention
 from simflash.backward import flash_attention_backward
 from simflash.memory import MemoryEvent
 from simflash.perfetto import perfetto_document, write_perfetto
@@ -123,7 +122,7 @@ class GoldenRun:
 
 
 def golden_runs(cases: Iterable[str] | None = None) -> list[GoldenRun]:
-    """Every golden case under every variant in FLASH_ALGORITHMS, with full traces and events; then the
+    """Every golden case under every variant in VARIANTS, with full traces and events; then the
     GOLDEN_BACKWARD_CASES among them through FlashAttention-2's backward, with full traces."""
     chosen = list(GOLDEN_CASES) if cases is None else list(cases)
     unknown = sorted(set(chosen) - set(GOLDEN_CASES))
@@ -132,7 +131,7 @@ def golden_runs(cases: Iterable[str] | None = None) -> list[GoldenRun]:
     runs = []
     for name in chosen:
         case = GOLDEN_CASES[name]()
-        for variant in FLASH_ALGORITHMS:
+        for variant in VARIANTS:
             run = flash_attention(case.q, case.k, case.v, variant=variant, trace="full",
                                   record_events=True, **case.options)
             runs.append(GoldenRun(name, variant, case.about, run.trace, run.events))
@@ -172,7 +171,7 @@ def check_golden(directory: str | Path) -> list[str]:
     """
     directory = Path(directory)
     problems = []
-    expected_names = set()
+    expected_names: set[str] = set()
     for run in golden_runs():
         trace_path, *timeline = golden_files(run, directory)
         expected_names.update(path.name for path in (trace_path, *timeline))

@@ -24,14 +24,14 @@ one read does, whatever their number (as long as the cache holds one step's bloc
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
-from typing import Literal
+from typing import Any, Literal
 
 import attrs
 
 from simflash.l2 import BlockKey, L2Cache
 
 Schedule = Literal["sequential", "concurrent"]
-SCHEDULES = ("sequential", "concurrent")
+SCHEDULES: tuple[Schedule, ...] = ("sequential", "concurrent")
 
 
 def check_schedule(schedule: object) -> str:
@@ -86,7 +86,7 @@ class _Cohort:
     next_end: int = 0  # the earliest time step at which a member takes its final step
 
 
-def lockstep(ctas: Iterable, slots: int, cta_of: Callable[[object], CTA] = lambda c: c
+def lockstep(ctas: Iterable, slots: int, cta_of: Callable[[Any], CTA] = lambda c: c
              ) -> Iterator[tuple[int, list[tuple[int, list, bool]]]]:
     """For each time step: (time, [(step, members, only_streaming) per cohort]), where only_streaming
     says no member starts or ends at this step. slots=1 is the sequential schedule.

@@ -26,6 +26,7 @@ from collections.abc import Iterator, Mapping
 
 import attrs
 import numpy as np
+from numpy.typing import ArrayLike
 
 from simflash.config import KiB, STATE_DTYPE
 from simflash.l2 import L2Cache
@@ -62,7 +63,7 @@ def _basic_index(tensor: str, index: object) -> tuple:
     return index
 
 
-def _check_values(tensor: str, values: object, shape: tuple[int, ...]) -> None:
+def _check_values(tensor: str, values: ArrayLike, shape: tuple[int, ...]) -> None:
     """Written values must have the selected block's shape (a scalar fills the block)."""
     if np.ndim(values) != 0 and np.shape(values) != shape:
         raise ValueError(
@@ -239,7 +240,7 @@ class HBM:
         self._count(self._read, tensor, block.size * stored.itemsize, index)
         return block
 
-    def write(self, tensor: str, index: tuple, values: np.ndarray | float) -> None:
+    def write(self, tensor: str, index: tuple | slice, values: np.ndarray | float) -> None:
         """Move `values` from the chip into `tensor[index]`, rounding to the tensor's dtype.
 
         `index` is basic (ints, slices); `values` has the block's shape or is a scalar that fills it."""
@@ -469,7 +470,7 @@ class SRAM:
         self.shared.hold(buffer, tile.size * hbm.itemsize(tensor))
         return tile
 
-    def store(self, hbm: HBM, tensor: str, index: tuple, values: np.ndarray) -> None:
+    def store(self, hbm: HBM | TiledHBM, tensor: str, index: tuple | slice, values: np.ndarray) -> None:
         """Copy values held on chip out to HBM."""
         hbm.write(tensor, index, values)
 
@@ -550,9 +551,10 @@ class SimulatedGPU:
     _cta_srams: list[SRAM] = attrs.field(factory=list)
 
     @classmethod
-    def build(cls, sram_bytes: int, record_events: bool = False, register_bytes: int | None = None) -> SimulatedGPU:
+    def build(cls, sram_bytes: int, record_events: bool = False, register_bytes: int | None = None,
+              l2: L2Cache | None = None) -> SimulatedGPU:
         log = EventLog() if record_events else None
-        return cls(HBM(log=log), SRAM(sram_bytes, log, register_bytes), Compute(log=log), log)
+        return cls(HBM(log=log, l2=l2), SRAM(sram_bytes, log, register_bytes), Compute(log=log), log)
 
     @contextlib.contextmanager
     def cta(self, *index: int) -> Iterator[None]:

@@ -52,7 +52,7 @@ def reference_attention(q, k, v, causal: bool = False, causal_variant: str = "up
     S = np.where(visible, S, -np.inf)
     m = S.max(axis=-1, keepdims=True)
     E = np.exp(S - np.where(np.isneginf(m), 0.0, m))
-    l = E.sum(axis=-1, keepdims=True)  # noqa: E741
+    l = E.sum(axis=-1, keepdims=True)
     return np.divide(E, l, out=np.zeros_like(E), where=l > 0) @ v  # rows with no visible key: 0
 
 
@@ -89,7 +89,7 @@ def reference_attention_backward(q, k, v, do, causal: bool = False, causal_varia
     S = np.where(reference_mask(n_q, n_kv, causal, causal_variant, window), q @ k_q.swapaxes(-1, -2) * scale, -np.inf)
     m = S.max(axis=-1, keepdims=True)
     E = np.exp(S - np.where(np.isneginf(m), 0.0, m))
-    l = E.sum(axis=-1, keepdims=True)  # noqa: E741
+    l = E.sum(axis=-1, keepdims=True)
     P = np.divide(E, l, out=np.zeros_like(E), where=l > 0)  # rows with no visible key: 0
     dP = do @ v_q.swapaxes(-1, -2)
     D = (dP * P).sum(axis=-1, keepdims=True)

@@ -176,8 +176,8 @@ class TileReport:
     @property
     def largest(self) -> TileCandidate | None:
         """The fitting candidate with the most B_r x B_c (the larger B_r on a tie)."""
-        fitting = [c for c in self.candidates if c.block_kv is not None]
-        return max(fitting, key=lambda c: (c.block_q * c.block_kv, c.block_q), default=None)
+        fitting = [(c.block_q * c.block_kv, c.block_q, c) for c in self.candidates if c.block_kv is not None]
+        return max(fitting, key=lambda f: f[:2], default=(0, 0, None))[2]
 
     def to_dict(self) -> dict:
         largest = self.largest
@@ -204,7 +204,8 @@ def tile_candidates(d: int, gpu: str = "H200", dtype: str = "float16", kv_stages
     storage_dtype(dtype)
     candidates = []
     for B_r in range(TILE_STEP, max_tile + 1, TILE_STEP):
-        best, stopped = None, ()
+        best: CTAResources | None = None
+        stopped: tuple[str, ...] = ()
         for B_c in range(TILE_STEP, max_tile + TILE_STEP + 1, TILE_STEP):
             res = cta_resources(B_r, B_c, d, dtype, kv_stages)
             broken = broken_limits(res, spec)

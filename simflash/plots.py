@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -311,12 +312,12 @@ def dram_vs_n(
         return (sum(k.logical_read_bytes + k.logical_write_bytes for k in ks),
                 sum(k.dram_read_bytes + k.dram_write_bytes for k in ks))
 
-    naive = {"n": np.array(naive_n), "l2_fit_n": float(np.sqrt(capacity / (2 * itemsize)))}
+    naive: dict[str, Any] = {"n": np.array(naive_n), "l2_fit_n": float(np.sqrt(capacity / (2 * itemsize)))}
     for cache in ("cold", "warm"):
         pairs = [totals(predict("naive", n, d, dtype=dtype, gpu=spec, cache=cache)) for n in naive_n]
         naive["logical"] = np.array([p[0] for p in pairs], dtype=np.int64)
         naive[cache] = np.array([p[1] for p in pairs], dtype=np.int64)
-    fa2 = {"n": np.array(fa2_n), "l2_fit_n": capacity / (2 * d * itemsize), "logical": {}, "dram": {}}
+    fa2: dict[str, Any] = {"n": np.array(fa2_n), "l2_fit_n": capacity / (2 * d * itemsize), "logical": {}, "dram": {}}
     for heads in fa2_heads:
         pairs = [totals(predict("fa2", n, d, heads=heads, dtype=dtype, gpu=spec)) for n in fa2_n]
         fa2["logical"][heads] = np.array([p[0] for p in pairs], dtype=np.int64)

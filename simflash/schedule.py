@@ -14,6 +14,7 @@ packed row p holds position p // pack of query head p % pack of its group.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Literal
 
 import attrs
@@ -182,6 +183,10 @@ def check_num_splits(num_splits: object, n_kv_tiles: int) -> int:
     return int(num_splits)
 
 
+def _int_tuple(values: Iterable[int]) -> tuple[int, ...]:
+    return tuple(values)
+
+
 @attrs.frozen
 class SplitSchedule:
     """Flash-Decoding's tiling (split-KV): FA-2's query tiles x KV tiles, with the KV tiles cut into
@@ -199,7 +204,7 @@ class SplitSchedule:
     block_q: int = attrs.field(validator=_positive_int)
     block_kv: int = attrs.field(validator=_positive_int)
     num_splits: int = attrs.field(validator=_positive_int)
-    cache_seqlens: tuple[int, ...] = attrs.field(converter=tuple)
+    cache_seqlens: tuple[int, ...] = attrs.field(converter=_int_tuple)
     causal: bool = attrs.field(default=False, converter=lambda v: check_bool("causal", v))
     window: tuple[int, int] = attrs.field(default=(-1, -1), converter=lambda v: check_window(v))
     pack: int = attrs.field(default=1, validator=_positive_int)

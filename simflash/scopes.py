@@ -18,7 +18,7 @@ import attrs
 import numpy as np
 
 from simflash.api import flash_attention
-from simflash.config import DEFAULT_GPU, check_positive_int
+from simflash.config import DEFAULT_GPU, StorageDtypeName, check_positive_int
 from simflash.memory import MemoryEvent
 from simflash.onchip import DEFAULT_KV_STAGES, DEFAULT_P_REGISTERS, check_kv_stages, cta_threads, lesson_tile_sizes
 
@@ -75,7 +75,7 @@ def _cta_occupancy(events: list[MemoryEvent]) -> tuple[dict[str, int], int]:
 
 
 def on_chip_scopes(
-    n: int = 4096, d: int = 128, block_q: int = 128, block_kv: int = 64, dtype: str = "float16", *,
+    n: int = 4096, d: int = 128, block_q: int = 128, block_kv: int = 64, dtype: StorageDtypeName = "float16", *,
     n_kv: int | None = None, gpu: str = DEFAULT_GPU, seed: int = 0, kv_stages: int = DEFAULT_KV_STAGES,
     p_registers: str = DEFAULT_P_REGISTERS,
 ) -> ScopesReport:
@@ -116,7 +116,9 @@ def on_chip_scopes(
         else:
             groups.append(tile)
 
-    registers = run.on_chip.registers.peak_by_buffer
+    on_chip = run.on_chip
+    assert on_chip is not None  # fa2 measures its CTAs' occupancy
+    registers = on_chip.registers.peak_by_buffer
     statistics = ("m_i", "l_i")
     state_by_tile: dict[int, int] = {}
     for e in run.events:
@@ -124,11 +126,12 @@ def on_chip_scopes(
             state_by_tile[e.cta[1]] = state_by_tile.get(e.cta[1], 0) + e.nbytes
     head_state = sum(nbytes * (spans.get(i, (i, i))[1] - spans.get(i, (i, i))[0] + 1)
                      for i, nbytes in state_by_tile.items())
+    shared_capacity, register_capacity = on_chip.shared.capacity_bytes, on_chip.registers.capacity_bytes
+    assert shared_capacity is not None and register_capacity is not None  # a fa2 CTA is held to both
     return ScopesReport(
-        n_q=n, n_kv=n_kv, d=d, block_q=run.config.block_q, block_kv=block_kv, dtype=dtype,
+        n_q=n, n_kv=n_kv, d=d, block_q=block_q, block_kv=block_kv, dtype=dtype,
         kv_stages=kv_stages, p_registers=p_registers, threads=cta_threads(min(block_q, n)),
-        capacity_bytes=run.on_chip.shared.capacity_bytes,
-        register_capacity_bytes=run.on_chip.registers.capacity_bytes,
+        capacity_bytes=shared_capacity, register_capacity_bytes=register_capacity,
         lesson_tiles=lesson_tile_sizes(min(block_q, n), min(block_kv, n_kv), d, dtype),
         tiles=tuple(groups),
         head_state_bytes=head_state,

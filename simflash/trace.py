@@ -27,7 +27,7 @@ class StepSequence(Sequence[Step]):
 
     steps: tuple[Step, ...]
 
-    def __getitem__(self, index):  # type: ignore[override]
+    def __getitem__(self, index):
         return self.steps[index]
 
     def __len__(self) -> int:
@@ -88,7 +88,7 @@ class TraceRequest:
             and (self.tiles is None or i in self.tiles)
         )
 
-    def step(self, head, i, j, row_start, masked, m, alpha, l, a, *, m_tile=None, l_tile=None,  # noqa: E741
+    def step(self, head, i, j, row_start, masked, m, alpha, l, a, *, m_tile=None, l_tile=None,
              beta=None, split=None) -> TileStep:
         """A snapshot of the live state (copies: the algorithm goes on updating its arrays)."""
 

@@ -85,8 +85,9 @@ def save(trace: Trace | BackwardTrace, path: str | Path, format: str | None = No
     elif kind == "json":
         path.write_text(codec.to_json(trace))
     else:
-        with path.open("wb") as file:  # (given a name, np.savez would add .npz to one without it)
-            np.savez(file, **codec.to_arrays(trace))
+        # (given a name, np.savez would add .npz to one without it; numpy's stub reads a name as allow_pickle)
+        with path.open("wb") as file:
+            np.savez(file, **codec.to_arrays(trace))  # type: ignore[arg-type]
     return path
 
 

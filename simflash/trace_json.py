@@ -128,11 +128,12 @@ def trace_from_json(doc: Any, path: Path = Path("<trace>")) -> TraceContents:
     config, geometry = check_config(doc.get("config"), path, has_steps=bool(raw_steps))
     steps = []
     for where, raw in step_objects(raw_steps, path, STEP_FIELDS, (*OPTIONAL_FIELDS, SPLIT_FIELD)):
-        m, alpha, l = (floats(raw[k], f"{where}.{k}", path) for k in ("m", "alpha", "l"))  # noqa: E741
+        m, alpha, l = (floats(raw[k], f"{where}.{k}", path) for k in ("m", "alpha", "l"))
         a = None if raw["a"] is None else float_rows(raw["a"], f"{where}.a", path)
         optional = {k: floats(raw[k], f"{where}.{k}", path) for k in OPTIONAL_FIELDS if k in raw}
+        head, i, j, row_start = (index(raw, k, where, path) for k in INDEX_FIELDS)
         steps.append(checked_step(
-            path, where, level, geometry, *(index(raw, k, where, path) for k in INDEX_FIELDS), raw["masked"],
+            path, where, level, geometry, head, i, j, row_start, raw["masked"],
             m, alpha, l, a, index(raw, SPLIT_FIELD, where, path) if SPLIT_FIELD in raw else None, **optional,
         ))
     return TraceContents(level, tuple(steps), config, _combine_weights(doc, path, config))

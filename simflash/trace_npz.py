@@ -53,7 +53,7 @@ def trace_arrays(trace: Trace) -> dict[str, np.ndarray]:
     if steps and all(s.split is not None for s in steps):
         arrays[SPLIT_FIELD] = np.array([s.split for s in steps], dtype=np.int64)
     if trace.level == "full":
-        arrays["a"] = stack([s.a for s in steps], ndim=2)
+        arrays["a"] = stack([np.asarray(s.a) for s in steps], ndim=2)
     if trace.combine_weights is not None:
         arrays["combine_weights"] = trace.combine_weights
     return arrays
@@ -166,9 +166,11 @@ def trace_from_arrays(arrays: Mapping[str, np.ndarray], path: Path = Path("<trac
                   "the sum of 'rows'", path)
     steps = []
     for n, rows in enumerate(spans(index["rows"])):
+        head, i, j, row_start = (int(index[k][n]) for k in INDEX_FIELDS)
+        m, alpha, l = (state[k][rows].copy() for k in ("m", "alpha", "l"))
         steps.append(checked_step(
-            path, f"steps[{n}]", level, geometry, *(int(index[k][n]) for k in INDEX_FIELDS), bool(masked[n]),
-            *(state[k][rows].copy() for k in ("m", "alpha", "l")), None if a is None else a[rows].copy(),
+            path, f"steps[{n}]", level, geometry, head, i, j, row_start, bool(masked[n]),
+            m, alpha, l, None if a is None else a[rows].copy(),
             int(index[SPLIT_FIELD][n]) if SPLIT_FIELD in index else None,
             **{k: state[k][rows].copy() for k in OPTIONAL_FIELDS if k in state},
         ))

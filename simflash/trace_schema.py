@@ -224,7 +224,7 @@ def float_rows(values: Any, where: str, path: Path) -> np.ndarray:
 
 
 def checked_step(path: Path, where: str, level: str, geometry: Geometry | None, head: int, i: int, j: int,
-                 row_start: int, masked: bool, m: np.ndarray, alpha: np.ndarray, l: np.ndarray,  # noqa: E741
+                 row_start: int, masked: bool, m: np.ndarray, alpha: np.ndarray, l: np.ndarray,
                  a: np.ndarray | None, split: int | None = None, **optional: np.ndarray) -> TileStep:
     """A TileStep whose arrays agree with each other, with the trace level and with the config's tiling."""
     if level == "none":

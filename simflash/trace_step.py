@@ -11,8 +11,8 @@ from typing import Literal
 import attrs
 import numpy as np
 
-TRACE_LEVELS = ("none", "stats", "full")  # stats: m, alpha, l; full: plus the accumulator a
 TraceLevel = Literal["none", "stats", "full"]
+TRACE_LEVELS: tuple[TraceLevel, ...] = ("none", "stats", "full")  # stats: m, alpha, l; full: plus the accumulator a
 
 
 @attrs.frozen(eq=False)
@@ -38,7 +38,7 @@ class TileStep:
     masked: bool
     m: np.ndarray
     alpha: np.ndarray
-    l: np.ndarray  # noqa: E741 (the paper's symbol)
+    l: np.ndarray  # the paper's symbol
     a: np.ndarray | None
     m_tile: np.ndarray | None = None
     l_tile: np.ndarray | None = None

@@ -101,7 +101,8 @@ def _replay(config) -> tuple[list[tuple[int, int, int, bool]], list[dict[str, li
     )
     hbm = setup.machine.hbm
     steps = api._flash_steps(setup)
-    tiles, ledgers = [], []
+    tiles: list[tuple[int, int, int, bool]] = []
+    ledgers: list[dict[str, list[int]]] = []
     while True:
         try:
             step = next(steps)

@@ -12,7 +12,8 @@ from collections.abc import Callable, Sequence
 import attrs
 import numpy as np
 
-from simflash.api import flash_attention
+from simflash.api import Variant, flash_attention
+from simflash.config import CausalVariant, StorageDtypeName
 from simflash.numerics import reference_attention
 from simflash.trace import TileStep
 
@@ -31,14 +32,22 @@ class TraceView:
     output: Callable[[TileStep], np.ndarray]
 
 
+def accumulator(step: TileStep) -> np.ndarray:
+    """A step's accumulator a (FA-1: O_i), which a trace of level "full" records."""
+    if step.a is None:
+        raise ValueError("the walkthrough needs a trace of level 'full', which records the accumulator")
+    return step.a
+
+
 def _divide_by_l(step: TileStep) -> np.ndarray:
-    return np.divide(step.a, step.l[:, None], out=np.zeros_like(step.a), where=step.l[:, None] > 0)
+    a = accumulator(step)
+    return np.divide(a, step.l[:, None], out=np.zeros_like(a), where=step.l[:, None] > 0)
 
 
 TRACE_VIEWS = {
     "fa2": TraceView("FlashAttention-2", "a", "O = a / l, once, after the last tile", _divide_by_l),
     "fa1": TraceView("FlashAttention-1", "O_i", "O = O_i: normalised after every tile, no final division",
-                     lambda step: step.a),
+                     accumulator),
 }
 
 
@@ -67,7 +76,7 @@ class TileState:
     kind: str  # "full" or "masked"
     m: float
     alpha: float
-    l: float  # noqa: E741
+    l: float
     accumulator: np.ndarray  # a (FA-2) or the normalised O_i (FA-1), (d,)
     what_changed: str
     scores: np.ndarray | None = None  # this tile's scores (chosen-scores problem)
@@ -105,7 +114,7 @@ def score_problem(scores: Sequence[Sequence[float]], values: Sequence[Sequence[f
 
 
 def scores_walkthrough(scores: Sequence[Sequence[float]], values: Sequence[Sequence[float]],
-                       variant: str = "fa2") -> ScoresWalkthrough:
+                       variant: Variant = "fa2") -> ScoresWalkthrough:
     """Scores grouped in KV tiles (all as long as the first, the last may be shorter), one value row per key."""
     q, k, v = score_problem(scores, values)
     block_kv = len(scores[0])
@@ -115,7 +124,7 @@ def scores_walkthrough(scores: Sequence[Sequence[float]], values: Sequence[Seque
     for step, change in zip(run.trace, what_changed(run.trace, 0)):
         tile_scores = k[step.j * block_kv:step.j * block_kv + len(scores[step.j]), 0]
         tiles.append(TileState(step.j, "masked" if step.masked else "full", float(step.m[0]), float(step.alpha[0]),
-                               float(step.l[0]), step.a[0], change, tile_scores,
+                               float(step.l[0]), accumulator(step)[0], change, tile_scores,
                                np.exp(tile_scores - float(step.m[0]))))  # this tile's weights on the new max
     flat = k[:, 0]
     e = np.exp(flat - flat.max())  # float64, the whole row at once
@@ -160,8 +169,9 @@ class RandomWalkthrough:
     rows: tuple[RowWalkthrough, ...]
 
 
-def random_walkthrough(n_q: int, n_kv: int, d: int, block_q: int, block_kv: int, causal: bool, causal_variant: str,
-                       variant: str, dtype: str, rows: Sequence[int], seed: int) -> RandomWalkthrough:
+def random_walkthrough(n_q: int, n_kv: int, d: int, block_q: int, block_kv: int, causal: bool,
+                       causal_variant: CausalVariant, variant: Variant, dtype: StorageDtypeName, rows: Sequence[int],
+                       seed: int) -> RandomWalkthrough:
     outside = [r for r in rows if not 0 <= r < n_q]
     if outside:
         raise ValueError(f"rows must lie in [0, {n_q}), got {outside}")
@@ -177,7 +187,7 @@ def random_walkthrough(n_q: int, n_kv: int, d: int, block_q: int, block_kv: int,
         steps = run.trace.of_tile(i)
         local = r - sched.q_rows(i).start
         tiles = tuple(TileState(s.j, sched.tile_kind(i, s.j), float(s.m[local]), float(s.alpha[local]),
-                                float(s.l[local]), s.a[local], change)
+                                float(s.l[local]), accumulator(s)[local], change)
                       for s, change in zip(steps, what_changed(steps, local)))
         stored = run.out[r].astype(np.float64)
         walked.append(RowWalkthrough(r, i, local, tiles, stored, reference[r],

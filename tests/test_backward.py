@@ -211,7 +211,7 @@ def test_atomic_add_counts_a_write_of_the_addends_and_no_read():
 @pytest.mark.parametrize("backward", [sf.flash_attention_backward, sf.naive_attention_backward])
 def test_bad_inputs_name_the_argument(backward):
     q, k, v, do = _inputs(5, 1, 2, 1, 8, 8, 4)
-    with pytest.raises(ValueError, match="do .*must have q's shape"):
+    with pytest.raises(ValueError, match=r"do .*must have q's shape"):
         backward(q, k, v, do[..., :4, :])
     with pytest.raises(ValueError, match="do must be finite"):
         backward(q, k, v, np.full_like(do, np.nan))

@@ -105,7 +105,8 @@ def test_huge_report_scenario_is_refused(tmp_path):
     text = (files("simflash") / "model" / "scenarios" / "document_qa.toml").read_text()
     scenario = tmp_path / "big.toml"
     scenario.write_text(text.replace("prompt_tokens = 4096", "prompt_tokens = 10000000000"))
-    fails(["report", str(scenario)], "workload.prompt_tokens", "too large")
+    fails(["report", str(scenario)], "SCENARIO:", "workload.prompt_tokens", "too large")
+    fails(["report", str(tmp_path / "none.toml")], "SCENARIO: file", "does not exist")
 
 
 def test_scopes_does_not_grow_with_n():

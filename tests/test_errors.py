@@ -126,7 +126,7 @@ def test_oversized_default_trace_is_refused_not_truncated():
 def test_tiles_that_do_not_fit_in_sram(qkv):
     rng = np.random.default_rng(0)
     q = rng.standard_normal((512, 256))
-    with pytest.raises(sf.SRAMOverflowError, match="do not fit in shared memory.*block_q/block_kv"):
+    with pytest.raises(sf.SRAMOverflowError, match=r"do not fit in shared memory.*block_q/block_kv"):
         sf.flash_attention(q, q, q, block_q=256, block_kv=256, trace="none")
     with pytest.raises(ValueError, match="sram_bytes must be a positive integer"):
         sf.flash_attention(*qkv, sram_bytes=0)

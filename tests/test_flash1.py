@@ -194,7 +194,7 @@ def algorithm_1_float64(q, k, v, block_q, block_kv, scale, visible):
     """Algorithm 1 of the FA-1 paper, lines 10-12, in float64 with plain loops: for every visited (j, i),
     (m~, l~, m_new, l_new, alpha, beta, O_new). No simflash code: tiles, mask and order built here."""
     n_q, n_kv = visible.shape
-    O, l, m = np.zeros(q.shape), np.zeros(n_q), np.full(n_q, -np.inf)  # noqa: E741
+    O, l, m = np.zeros(q.shape), np.zeros(n_q), np.full(n_q, -np.inf)
     steps = {}
     for j0 in range(0, n_kv, block_kv):
         cols = slice(j0, min(j0 + block_kv, n_kv))
@@ -269,7 +269,7 @@ def test_ledger_labels_what_the_released_kernel_skips():
     with pytest.raises(ValueError, match="o_accum_dtype"):
         sf.model.flash_traffic(n, d, variant="fa2", o_accum_dtype="float32")
     q, k, v = random_qkv(0, 1, 8, 8, 4)
-    with pytest.raises(ValueError, match="o_accum_dtype.*fa1"):
+    with pytest.raises(ValueError, match=r"o_accum_dtype.*fa1"):
         sf.flash_attention(q, k, v, variant="fa2", o_accum_dtype="float32")
     with pytest.raises(ValueError, match="o_accum_dtype"):
         sf.flash_attention(q, k, v, variant="fa1", o_accum_dtype="float64")

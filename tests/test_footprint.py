@@ -41,7 +41,7 @@ def test_per_head_bytes_are_what_the_simulated_baseline_writes():
 
 def test_lesson_section_6_short_sequence():
     fits = short_sequence(256)
-    assert {f.s_bytes for f in fits} == {131_072} and 131_072 == 0.125 * MiB
+    assert {f.s_bytes for f in fits} == {131_072} and 0.125 * MiB == 131_072
     assert [f.gpu for f in fits] == list(sf.GPUS)
     for f in fits:
         assert f.l2_bytes == sf.GPUS[f.gpu].l2_bytes and f.fits

@@ -104,7 +104,7 @@ def test_naive_path_materialises_s_and_p_with_the_models_bytes(rng, causal, vari
 
 def test_a_row_of_s_too_long_for_shared_memory_is_refused(rng):
     q, k, v = _inputs(rng, 1, 1, 150_000, 64)
-    with pytest.raises(ValueError, match="needs .* bytes of shared memory per CTA; this GPU allows"):
+    with pytest.raises(ValueError, match=r"needs .* bytes of shared memory per CTA; this GPU allows"):
         naive.naive_attention(q, k, v)
 
 

@@ -103,7 +103,7 @@ def test_the_whole_chip_model_launches_the_decode_kernels_as_the_backend_does():
     from simflash.backends import kernels
     from simflash.model import decode_chip
 
-    assert decode_chip.BLOCK_KV == {d: tiles[0] for d, tiles in DECODE_BLOCK_KV.items()}
+    assert {d: tiles[0] for d, tiles in DECODE_BLOCK_KV.items()} == decode_chip.BLOCK_KV
     assert (decode_chip.STAGES, decode_chip.THREADS) == (kernels.DECODE_STAGES, kernels.DECODE_THREADS)
     for d, block_kv in decode_chip.BLOCK_KV.items():
         profile = decode_chip.SPLIT_PROFILE

@@ -229,7 +229,7 @@ def test_version_3_refuses_what_it_is_not_built_for_before_touching_cupy(monkeyp
     q = np.ones((1, 8, kwargs.pop("d", 64)), dtype=np.float32)
     with pytest.raises(ValueError, match=rf"^{argument} must be one of"):
         flash2.flash_attention(q, q, q, **kwargs, version="v3")
-    with pytest.raises(ValueError, match="^pingpong must be True or False"):
+    with pytest.raises(ValueError, match=r"^pingpong must be True or False"):
         Flash2V3Kernel(pingpong=1)
 
 

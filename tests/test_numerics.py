@@ -154,7 +154,7 @@ def test_the_issue_s_example_errors_no_longer_pass():
     assert within_tolerance(1e-3, "float16", 5e-4)
     assert not within_tolerance(3e-3, "float16", 5e-4)
     assert not within_tolerance(1.1e-3, "float16", 5e-4)
-    assert 16 * FLOAT32_UNIT_ROUNDOFF == pytest.approx(9.5367e-7, rel=1e-4)  # 16 * 2**-24
+    assert pytest.approx(9.5367e-7, rel=1e-4) == 16 * FLOAT32_UNIT_ROUNDOFF  # 16 * 2**-24
 
 
 def test_fa_rule_atol_is_sixteen_float32_roundoffs_of_max_v():

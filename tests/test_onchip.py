@@ -67,7 +67,7 @@ def test_register_held_state_is_checked_against_the_register_file():
         sf.flash_attention(q, q, q, 128, 64, trace="none")
     sram = SRAM(228 * KiB, register_bytes=4 * KiB)
     sram.state("a_i", (16, 32), 0.0)  # 2 KiB
-    with pytest.raises(sf.SRAMOverflowError, match="do not fit in registers.*block_q/block_kv or a smaller d"):
+    with pytest.raises(sf.SRAMOverflowError, match=r"do not fit in registers.*block_q/block_kv or a smaller d"):
         sram.state("S_ij", (16, 64), 0.0)  # + 4 KiB
 
 

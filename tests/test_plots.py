@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -222,7 +223,7 @@ def test_traffic_panels_share_x_and_one_stacking_order():
     stacking = legend[::-1]  # the legend lists the bands top first
     assert stacking[:3] == ["Q", "K", "V"]
     colours = {}
-    for axes, (label, events) in zip(panels, runs.items()):
+    for axes, events in zip(panels, runs.values()):
         assert axes.get_xlim() == (0.0, 1.0)
         assert labelled_ticks(axes.xaxis) == ["0", "25", "50", "75", "100"]
         bands = [c.get_label() for c in axes.collections]
@@ -243,7 +244,7 @@ def test_traffic_ticks_stay_apart_at_n_8192():
     boxes = sorted((t.get_window_extent(renderer) for axes in figure.axes for t in axes.xaxis.get_ticklabels()
                     if t.get_text()), key=lambda box: box.x0)
     assert len(boxes) == 5 * len(figure.axes)
-    assert all(a.x1 + 5 < b.x0 for a, b in zip(boxes, boxes[1:]))
+    assert all(a.x1 + 5 < b.x0 for a, b in itertools.pairwise(boxes))
 
 
 def test_roofline_is_in_tflops_with_a_label_on_every_marker():
@@ -278,4 +279,4 @@ def test_sweep_draws_m_in_kib_and_labels_both_causal_baselines():
     assert list(by_m.lines[0].get_xdata()) == [size / KiB for size in SWEEP_SRAM_BYTES]
     labels = [line.get_label() for line in causal.lines]
     assert "naive causal, exact triangle (matched baseline)" in labels and "naive causal, idealized N²/2" in labels
-    assert [line.get_label() for line in unmasked.lines][0] == "naive (matched baseline)"
+    assert unmasked.lines[0].get_label() == "naive (matched baseline)"

@@ -151,7 +151,7 @@ def test_the_target_checks_each_result_and_prints_a_line_per_launch(monkeypatch,
                                                                   "pack_gqa")}))
 
     monkeypatch.setattr(flash2, "flash_attention", wrong)
-    with pytest.raises(AssertionError, match="flash2_forward .* relative error"):
+    with pytest.raises(AssertionError, match=r"flash2_forward .* relative error"):
         sanitize_target.main(["forward-v1"])
     with pytest.raises(SystemExit, match="GROUP one of"):
         sanitize_target.main(["forward-v9"])

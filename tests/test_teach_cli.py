@@ -65,7 +65,7 @@ def test_trace_without_arguments_reproduces_the_two_tile_example(invoke):
 def test_trace_fa1_shows_the_normalised_output_after_each_tile(invoke):
     result = invoke("trace", "--variant", "fa1")
     assert result.exit_code == 0, result.output
-    _, values, _, output = lesson_example()
+    _, values, _, _ = lesson_example()
     first = (values[0] + np.exp(-2.0) * values[1]) / (1 + np.exp(-2.0))  # O after tile 1 = a_1 / l_1
     assert f"[{first[0]:.4f}, {first[1]:.4f}]" in result.output
     assert "O_i" in result.output and "no final division" in result.output

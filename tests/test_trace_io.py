@@ -155,7 +155,7 @@ def test_corrupted_npz_bytes_are_refused(saved):
 def test_binary_garbage_named_json_is_refused(tmp_path):
     path = tmp_path / "garbage.json"
     path.write_bytes(bytes(range(256)))
-    with pytest.raises(TraceFileError, match="not a text file|not a complete JSON"):
+    with pytest.raises(TraceFileError, match=r"not a text file|not a complete JSON"):
         sf.Trace.load(path)
 
 

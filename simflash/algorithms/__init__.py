@@ -22,7 +22,7 @@ class TiledAlgorithm:
     # takes `o_accum_dtype` in `cta` and `allocate`, and names its finished output with `output`.
     o_accum_dtypes: tuple[str, ...] = ("storage",)
     allocate: Callable | None = None  # (hbm, o_accum_dtype) -> None: the HBM tensors besides Q, K, V, O
-    output: Callable = lambda o_accum_dtype: "O"  # noqa: E731  the tensor holding the storage-dtype output
+    output: Callable = lambda o_accum_dtype: "O"  # the tensor holding the storage-dtype output
     kernel_model: bool = False  # its on-chip state is the GPU kernel's (simflash.onchip): kv_stages, fit check
 
 

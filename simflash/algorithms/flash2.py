@@ -158,7 +158,7 @@ def flash2_program(sched: TileSchedule, cta: CTA, d: int, itemsize: int, write_l
     kv_blocks = _kv_blocks(sched, kv_head(h, group), d * itemsize)
     row_bytes = d * itemsize
     tile_bytes = (rows.stop - rows.start) * row_bytes
-    epilogue = (Access(block_key("O", h, rows), tile_bytes, write=True),)
+    epilogue: tuple[Access, ...] = (Access(block_key("O", h, rows), tile_bytes, write=True),)
     if write_logsumexp:
         epilogue += (Access(block_key("L", h, rows), (rows.stop - rows.start) * STATE_DTYPE.itemsize, write=True),)
     # a tile with nothing to visit exits without loading Q_i

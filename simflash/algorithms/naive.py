@@ -65,7 +65,7 @@ def softmax_cta(gpu: SimulatedGPU, sched: TileSchedule, scale: float, cta: CTA) 
         m = S_r.max(axis=-1, keepdims=True)  # (rows, 1)
         # A row with no visible key has m = -inf: exponentiate against 0 so exp(-inf) = 0, not NaN.
         P_r = np.exp(S_r - np.where(m == -np.inf, 0.0, m))  # (rows, n_kv)
-        l = P_r.sum(axis=-1, keepdims=True)  # noqa: E741  (rows, 1)
+        l = P_r.sum(axis=-1, keepdims=True)  # (rows, 1)
         P_r /= np.where(l > 0, l, 1.0)  # such a row is all zeros: divide by 1 to keep it so
         compute.elementwise(exp=P_r.size, fp32=3 * P_r.size, div=P_r.size)  # max, subtract, sum; exp; divide
         hbm.write_where("P", P_r, stored, index=(h, rows))

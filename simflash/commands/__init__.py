@@ -19,7 +19,7 @@ from rich.markup import escape
 try:  # typer >= 0.20 runs on its own copy of click
     from typer._click.globals import get_current_context
 except ImportError:  # pragma: no cover
-    from click import get_current_context
+    from click import get_current_context  # type: ignore[no-redef]  # the same function, where typer runs on click
 
 
 def make_console(stderr: bool = False) -> Console:
@@ -45,7 +45,7 @@ def _params() -> dict[str, Any]:
     return {} if ctx is None else {p.name: p for p in ctx.command.params if p.name}
 
 
-def _path_param(filename: object) -> Any | None:
+def _path_param(filename: str | bytes | os.PathLike | None) -> Any | None:
     """The option whose value is `filename` (or a folder holding it), when one is."""
     ctx = get_current_context(silent=True)
     if ctx is None or filename is None:
@@ -97,18 +97,19 @@ def bad_input(error: Exception) -> typer.BadParameter:
         message = f"{name}: {what}" if name else what
         return typer.BadParameter(message, param_hint=_option(param) if param else None)
     message = str(error)
-    match = re.match(r"([A-Za-z_][A-Za-z0-9_]*) (must|has|is|should)\b", message)
+    match = re.match(r"([A-Za-z_][A-Za-z0-9_]*) (must|has|is|should|field|file)\b", message)
     if match:
         word = match.group(1)
         name = word if word in params else LIBRARY_NAMES.get(word)
         if name in params:
             return typer.BadParameter(message[len(word) + 1:], param_hint=_option(params[name]))
     match = re.match(r"(--[a-z][a-z0-9-]*) (.*)", message, re.S)
-    if match and any(match.group(1) in p.opts for p in params.values() if not p.param_type_name == "argument"):
+    if match and any(match.group(1) in p.opts for p in params.values() if p.param_type_name != "argument"):
         return typer.BadParameter(match.group(2), param_hint=match.group(1))
     ctx = get_current_context(silent=True)
-    for param in () if ctx is None else ctx.command.params:  # a message quoting a path the user gave
-        value = ctx.params.get(param.name)
+    given = {} if ctx is None else ctx.params
+    for param in [] if ctx is None else ctx.command.params:  # a message quoting a path the user gave
+        value = given.get(param.name)
         if isinstance(value, Path) and str(value) in message:
             return typer.BadParameter(message, param_hint=_option(param))
     return typer.BadParameter(message)

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from simflash.commands import JSON_HELP, make_console, print_json, user_errors
-from simflash.config import DEFAULT_GPU, GPUS, STORAGE_DTYPES, GiB, KiB, MiB
+from simflash.config import DEFAULT_GPU, GPUS, STORAGE_DTYPE_NAMES, STORAGE_DTYPES, GiB, KiB, MiB, check_choice
 from simflash.model.amdahl import QUOTED_FLOP_SHARE, SENSITIVITY_F_TIME, attention_flop_share, project, sensitivity
 from simflash.model.footprint import fused_footprints, intermediate_footprints, short_sequence
 from simflash.model.report import attribute, builtin_scenarios, load_scenario, render_report
@@ -267,7 +267,7 @@ def footprint(
     console = make_console()
     with user_errors():
         naive = intermediate_footprints(n, heads, layers, dtype)
-        fused = fused_footprints(n, d, block_q, block_kv, dtype, gpu)
+        fused = fused_footprints(n, d, block_q, block_kv, check_choice("dtype", dtype, STORAGE_DTYPE_NAMES), gpu)
         fits = short_sequence(short_n, dtype)
     if as_json:
         print_json({"n": n, "d": d, "dtype": dtype, "naive": naive, "fused": fused, "short_n": short_n,
@@ -333,7 +333,7 @@ def sweep(
             f"reductions against the {mask} baseline only",
             ("N", baseline, *extra, *(f"{v}" for v in variants), *(f"{v} vs {mask} naive" for v in variants)),
             [(p.n, f"{p.baseline_bytes / MiB:,.2f}",
-              *((f"{p.idealized_baseline_bytes / MiB:,.2f}",) if causal else ()),
+              *((f"{p.idealized_baseline_bytes / MiB:,.2f}",) if p.idealized_baseline_bytes is not None else ()),
               *(f"{p.bytes_by_variant[v] / MiB:,.2f}" for v in variants),
               *(f"{p.reduction(v):.2f}x" for v in variants)) for p in points],
             left=0,

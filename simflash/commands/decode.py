@@ -6,6 +6,7 @@ Every number comes from the closed forms and the time model in simflash.model.de
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Annotated
 
@@ -59,19 +60,20 @@ def decode(
         plot = picture_path(plot)
     shape = dict(batch=batch, heads=heads, kv_heads=kv_heads, n_q=n_q, block_kv=block_kv, pack_gqa=pack_gqa,
                  dtype=dtype, gpu=gpu)
-    results = [{"n_kv": length, "chosen": predict_decode(length, d, num_splits=num_splits, **shape),
-                "one_split": predict_decode(length, d, num_splits=1, **shape)} for length in lengths]
+    predict = functools.partial(predict_decode, d=d, batch=batch, heads=heads, kv_heads=kv_heads, n_q=n_q,
+                                block_kv=block_kv, pack_gqa=pack_gqa, dtype=dtype, gpu=gpu)
+    results = [(length, predict(length, num_splits=num_splits), predict(length, num_splits=1)) for length in lengths]
     if plot is not None:
         plot_decode_bandwidth(plot, lengths, d, group=heads // kv_heads, n_q=n_q, block_kv=block_kv,
                               pack_gqa=pack_gqa, dtype=dtype, gpu=gpu)
     if as_json:
         print_json({"config": {"d": d, **shape, "num_splits": num_splits},
-                    "configurations": [{"n_kv": r["n_kv"], "chosen": r["chosen"].to_dict(),
-                                        "one_split": r["one_split"].to_dict()} for r in results]})
+                    "configurations": [{"n_kv": length, "chosen": chosen.to_dict(), "one_split": one_split.to_dict()}
+                                       for length, chosen, one_split in results]})
         return
     console = make_console()
-    for result in results:
-        _print(console, result["n_kv"], d, shape, result["chosen"], result["one_split"])
+    for length, chosen, one_split in results:
+        _print(console, length, d, shape, chosen, one_split)
     console.print("Time is a model (docs/decode.md): each kernel's DRAM bytes at the machine file's calibrated HBM "
                   "bandwidth, shared by the SMs that hold a CTA (an idle SM's share is lost), against its compute.")
     if plot is not None:

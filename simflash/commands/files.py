@@ -4,7 +4,7 @@ Perfetto timeline) and `plot` (tilemap, stats, traffic pictures)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypedDict
 
 import numpy as np
 import typer
@@ -15,7 +15,11 @@ import simflash as sf
 from simflash import golden as golden_traces
 from simflash import plots, trace_files
 from simflash.algorithms import FLASH_ALGORITHMS
-from simflash.config import CAUSAL_VARIANTS, STORAGE_DTYPES
+from simflash.api import CACHE_MODES, VARIANTS, CacheMode
+from simflash.config import (
+    CAUSAL_VARIANTS, STORAGE_DTYPE_NAMES, STORAGE_DTYPES, CausalVariant, StorageDtypeName, check_choice,
+)
+from simflash.trace import TRACE_LEVELS
 
 ALGORITHMS = ("naive", *FLASH_ALGORITHMS)
 BACKWARD_ALGORITHMS = ("naive", "fa2")
@@ -34,6 +38,24 @@ DTYPE = Annotated[str, typer.Option(help=f"HBM storage dtype: {', '.join(STORAGE
 SEED = Annotated[int, typer.Option(help="Seed of the random inputs (standard normal).", min=0)]
 OUT = Annotated[Path, typer.Option("--out", "-o", help="File to write.")]
 MAX_MAP_TILES = 512  # tiles a side of a tile map; beyond it the cells are under a pixel
+
+
+class InputOptions(TypedDict, total=False):
+    """What naive_attention and flash_attention take alike, from a command's options."""
+
+    causal: bool
+    causal_variant: CausalVariant
+    dtype: StorageDtypeName
+    record_events: bool
+    cache: CacheMode | None
+
+
+def input_options(causal: bool, causal_variant: str, dtype: str, *, record_events: bool = False,
+                  cache: str | None = None) -> InputOptions:
+    """The options' strings checked into the library's choices (an error names the option)."""
+    return InputOptions(causal=causal, causal_variant=check_choice("causal_variant", causal_variant, CAUSAL_VARIANTS),
+                        dtype=check_choice("dtype", dtype, STORAGE_DTYPE_NAMES), record_events=record_events,
+                        cache=None if cache is None else check_choice("cache", cache, CACHE_MODES))
 
 
 def random_inputs(n: int, n_kv: int | None, d: int, heads: int, seed: int) -> tuple[np.ndarray, ...]:
@@ -100,13 +122,14 @@ def export(
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
     q, k, v = random_inputs(n, n_kv, d, heads, seed)
-    common = {"causal": causal, "causal_variant": causal_variant, "dtype": dtype, "record_events": kind == "perfetto"}
+    common = input_options(causal, causal_variant, dtype, record_events=kind == "perfetto")
     if algorithm == "naive":
         run = sf.naive_attention(q, k, v, **common)
     else:
         # A timeline is drawn from the events alone: no tile trace, so none of its size limit.
-        run = sf.flash_attention(q, k, v, block_q, block_kv, variant=algorithm,
-                                 trace="none" if kind == "perfetto" else level, **common)
+        run = sf.flash_attention(q, k, v, block_q, block_kv, variant=check_choice("algorithm", algorithm, VARIANTS),
+                                 trace="none" if kind == "perfetto" else check_choice("level", level, TRACE_LEVELS),
+                                 **common)
     path = run.trace.save(out, kind, events=run.events)
     what = f"{len(run.events):,} events" if kind == "perfetto" else f"{len(run.trace):,} tile steps"
     console.print(f"wrote {escape(str(path))} ({kind}, {what}, {path.stat().st_size:,} bytes)")
@@ -123,11 +146,13 @@ def _export_backward(out: Path, kind: str, algorithm: str, n: int, n_kv: int | N
         raise ValueError(f"algorithm must be one of {BACKWARD_ALGORITHMS} with --backward, got {algorithm!r}")
     q, k, v = random_inputs(n, n_kv, d, heads, seed)
     do = np.random.default_rng([seed, 1]).standard_normal(q.shape)  # a stream of its own: q, k, v as without
-    common = {"causal": causal, "causal_variant": causal_variant, "dtype": dtype}
+    options = input_options(causal, causal_variant, dtype)
+    variant, dtype_name = options["causal_variant"], options["dtype"]
     if algorithm == "naive":
-        run = sf.naive_attention_backward(q, k, v, do, **common)
+        run = sf.naive_attention_backward(q, k, v, do, causal=causal, causal_variant=variant, dtype=dtype_name)
     else:
-        run = sf.flash_attention_backward(q, k, v, do, block_q, block_kv, trace=level, **common)
+        run = sf.flash_attention_backward(q, k, v, do, block_q, block_kv, causal=causal, causal_variant=variant,
+                                          dtype=dtype_name, trace=check_choice("level", level, TRACE_LEVELS))
     path = run.trace.save(out, kind)
     console.print(f"wrote {escape(str(path))} ({kind}, backward, {len(run.trace):,} tile steps, "
                   f"{path.stat().st_size:,} bytes)")
@@ -168,8 +193,8 @@ def plot_stats(
         trace = sf.Trace.load(trace_file)
     else:
         q, k, v = random_inputs(n, n_kv, d, 1, seed)
-        trace = sf.flash_attention(q, k, v, block_q, block_kv, causal=causal, causal_variant=causal_variant,
-                                   dtype=dtype, variant=variant, trace="stats").trace
+        trace = sf.flash_attention(q, k, v, block_q, block_kv, variant=check_choice("variant", variant, VARIANTS),
+                                   trace="stats", **input_options(causal, causal_variant, dtype)).trace
     chosen = _row_list(rows, trace)
     path = plots.tile_stats(trace, chosen, out, head=head)
     console.print(f"wrote {escape(str(path))} (rows {', '.join(map(str, chosen))})")
@@ -195,9 +220,9 @@ def plot_traffic(
 ) -> None:
     """Cumulative HBM bytes by tensor over the run: naive next to every tiled variant."""
     q, k, v = random_inputs(n, n_kv, d, 1, seed)
-    common = {"causal": causal, "causal_variant": causal_variant, "dtype": dtype, "record_events": True}
+    common = input_options(causal, causal_variant, dtype, record_events=True)
     runs = {"naive": sf.naive_attention(q, k, v, **common).events}
-    for variant in FLASH_ALGORITHMS:
+    for variant in VARIANTS:
         runs[variant] = sf.flash_attention(q, k, v, block_q, block_kv, variant=variant, trace="none",
                                            **common).events
     mask = f"causal {causal_variant}" if causal else "unmasked"

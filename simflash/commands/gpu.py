@@ -192,10 +192,10 @@ def profile(
         if backward:
             from simflash.backends import report_backward, profile_backward
 
-            configs = [profile_backward.BackwardProfileConfig(size, d, h, mask)
-                       for h in _ints("heads", heads) for size in _ints("n", n) for mask in masks]
+            backward_configs = [profile_backward.BackwardProfileConfig(size, d, h, mask)
+                                for h in _ints("heads", heads) for size in _ints("n", n) for mask in masks]
             result = {"command": _command_line(), "device": device,
-                      **profile_backward.profile(configs, seed, raw_csv)}
+                      **profile_backward.profile(backward_configs, seed, raw_csv)}
         else:
             configs = sweep_configs(d) if sweep else [
                 ProfileConfig(n=size, d=d, heads=h, causal=mask, naive=size <= naive_max_n)
@@ -410,9 +410,10 @@ def sdpa_check(
 
     with user_errors():
         masks = (False, True) if both_masks else (causal,)
-        result = {"command": _command_line(), "checks": [run_check(n, d, mask, heads) for mask in masks]}
-    _emit(result, as_json, save, [("SDPA backends and the kernels they ran", report.sdpa_table(result["checks"]))])
-    if any(e["verdict"] == "FALLBACK TO MATH" for check in result["checks"] for e in check["backends"]):
+        checks = [run_check(n, d, mask, heads) for mask in masks]
+    _emit({"command": _command_line(), "checks": checks}, as_json, save,
+          [("SDPA backends and the kernels they ran", report.sdpa_table(checks))])
+    if any(e["verdict"] == "FALLBACK TO MATH" for check in checks for e in check["backends"]):
         raise typer.Exit(1)
 
 

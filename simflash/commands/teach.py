@@ -7,14 +7,16 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import typer
 
 from simflash.algorithms import FLASH_ALGORITHMS
 from simflash.commands import JSON_HELP, print_json
-from simflash.config import CAUSAL_VARIANTS, DEFAULT_GPU, KiB, STORAGE_DTYPES, check_positive_int
+from simflash.api import VARIANTS
+from simflash.config import (
+    CAUSAL_VARIANTS, DEFAULT_GPU, STORAGE_DTYPE_NAMES, STORAGE_DTYPES, KiB, check_choice, check_positive_int,
+)
 from simflash.scopes import on_chip_scopes
 from simflash.verify import causal_checks, exercise4_checks
 from simflash.walkthrough import (
@@ -33,7 +35,9 @@ def _num(x: float) -> str:
     return f"{x:.4f}" if np.isfinite(x) else ("-inf" if x < 0 else "inf")
 
 
-def _vec(values: Sequence[float], limit: int = 6) -> str:
+def _vec(values: Sequence[float] | np.ndarray | None, limit: int = 6) -> str:
+    if values is None:  # a state the walkthrough does not record
+        return "-"
     shown = [_num(float(x)) for x in values[:limit]]
     return "[" + ", ".join(shown) + (", ..." if len(values) > limit else "") + "]"
 
@@ -159,20 +163,20 @@ def _render_random(w: RandomWalkthrough) -> str:
 
 
 def trace_command(
-    scores: Optional[str] = typer.Option(None, "--scores", help='Scores per KV tile: "8,6;10,7" (tiles split by ";").'),
-    values: Optional[str] = typer.Option(None, "--values", help='One value row per key: "1,2;3,4;5,6;7,8".'),
-    json_file: Optional[Path] = typer.Option(None, "--problem", help='A JSON file {"scores": [[...], ...], '
+    scores: str | None = typer.Option(None, "--scores", help='Scores per KV tile: "8,6;10,7" (tiles split by ";").'),
+    values: str | None = typer.Option(None, "--values", help='One value row per key: "1,2;3,4;5,6;7,8".'),
+    json_file: Path | None = typer.Option(None, "--problem", help='A JSON file {"scores": [[...], ...], '
                                              '"values": [...]} (an input; --json is the output flag).'),
-    n: Optional[int] = typer.Option(None, "--n", help="Random configuration: query rows (default 16)."),
-    n_kv: Optional[int] = typer.Option(None, "--n-kv", help="Key rows (default: n)."),
-    d: Optional[int] = typer.Option(None, "--d", help="Head dimension (default 4)."),
-    block_q: Optional[int] = typer.Option(None, "--block-q", help="Query tile rows B_r (default 4)."),
-    block_kv: Optional[int] = typer.Option(None, "--block-kv", help="KV tile rows B_c (default 2)."),
-    causal: Optional[bool] = typer.Option(None, "--causal/--no-causal", help="Causal masking (default off)."),
-    causal_variant: Optional[str] = typer.Option(None, "--causal-variant", help=f"One of {CAUSAL_VARIANTS}."),
-    rows: Optional[str] = typer.Option(None, "--rows", help='Query rows to show: "0,5" (default: 0).'),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Random seed (default 0).", min=0),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help=f"Storage dtype, one of {sorted(STORAGE_DTYPES)}."),
+    n: int | None = typer.Option(None, "--n", help="Random configuration: query rows (default 16)."),
+    n_kv: int | None = typer.Option(None, "--n-kv", help="Key rows (default: n)."),
+    d: int | None = typer.Option(None, "--d", help="Head dimension (default 4)."),
+    block_q: int | None = typer.Option(None, "--block-q", help="Query tile rows B_r (default 4)."),
+    block_kv: int | None = typer.Option(None, "--block-kv", help="KV tile rows B_c (default 2)."),
+    causal: bool | None = typer.Option(None, "--causal/--no-causal", help="Causal masking (default off)."),
+    causal_variant: str | None = typer.Option(None, "--causal-variant", help=f"One of {CAUSAL_VARIANTS}."),
+    rows: str | None = typer.Option(None, "--rows", help='Query rows to show: "0,5" (default: 0).'),
+    seed: int | None = typer.Option(None, "--seed", help="Random seed (default 0).", min=0),
+    dtype: str | None = typer.Option(None, "--dtype", help=f"Storage dtype, one of {sorted(STORAGE_DTYPES)}."),
     variant: str = typer.Option("fa2", "--variant", help=f"One of {sorted(FLASH_ALGORITHMS)}."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
@@ -184,8 +188,7 @@ def trace_command(
 
     --n, --d, --block-q, ...: a random problem, one table per chosen query row.
     """
-    if variant not in FLASH_ALGORITHMS:
-        raise typer.BadParameter(f"must be one of {sorted(FLASH_ALGORITHMS)}, got {variant!r}", param_hint="--variant")
+    chosen = check_choice("variant", variant, VARIANTS)
     random_options = {"--n": n, "--n-kv": n_kv, "--d": d, "--block-q": block_q, "--block-kv": block_kv,
                       "--causal": causal, "--causal-variant": causal_variant, "--rows": rows, "--seed": seed,
                       "--dtype": dtype}
@@ -203,23 +206,24 @@ def trace_command(
     if json_file is not None:
         score_tiles, value_rows = _load_json(json_file)
         _check_problem(score_tiles, value_rows, "--problem")
-        walkthrough = scores_walkthrough(score_tiles, value_rows, variant)
-    elif scores is not None:
+        walkthrough = scores_walkthrough(score_tiles, value_rows, chosen)
+    elif scores is not None and values is not None:  # given together (checked above)
         score_tiles = _parse_matrix(scores, "--scores", 'scores per KV tile, "8,6;10,7"')
         value_rows = _parse_matrix(values, "--values", 'one row of numbers per key, "1,2;3,4;5,6;7,8"')
         _check_problem(score_tiles, value_rows, "--scores/--values")
-        walkthrough = scores_walkthrough(score_tiles, value_rows, variant)
+        walkthrough = scores_walkthrough(score_tiles, value_rows, chosen)
     elif random_given:
         size = 16 if n is None else check_positive_int("--n", n)
         sizes = {option: check_positive_int(option, value if value is not None else default) for option, value, default
                  in (("--n-kv", n_kv, size), ("--d", d, 4), ("--block-q", block_q, 4), ("--block-kv", block_kv, 2))}
         walkthrough = random_walkthrough(
             size, sizes["--n-kv"], sizes["--d"], sizes["--block-q"], sizes["--block-kv"], bool(causal),
-            causal_variant or "upper_left", variant, dtype or "float16", _parse_rows(rows or "0", size),
+            check_choice("causal_variant", causal_variant or "upper_left", CAUSAL_VARIANTS), chosen,
+            check_choice("dtype", dtype or "float16", STORAGE_DTYPE_NAMES), _parse_rows(rows or "0", size),
             0 if seed is None else seed,
         )
     else:
-        walkthrough = scores_walkthrough(EXAMPLE_SCORES, EXAMPLE_VALUES, variant)
+        walkthrough = scores_walkthrough(EXAMPLE_SCORES, EXAMPLE_VALUES, chosen)
     if as_json:
         print_json(walkthrough)
     elif isinstance(walkthrough, ScoresWalkthrough):
@@ -259,7 +263,7 @@ def scopes_command(
     block_q: int = typer.Option(128, "--block-q", help="Query tile rows B_r."),
     block_kv: int = typer.Option(64, "--block-kv", help="KV tile rows B_c."),
     dtype: str = typer.Option("float16", "--dtype", help=f"Storage dtype, one of {sorted(STORAGE_DTYPES)}."),
-    n_kv: Optional[int] = typer.Option(None, "--n-kv",
+    n_kv: int | None = typer.Option(None, "--n-kv",
                                        help="Key rows (default kv_stages x B_c: no scope depends on it)."),
     kv_stages: int = typer.Option(2, "--kv-stages", help="K_j, V_j buffers in shared memory: 2 (the kernel's) or 1."),
     p_registers: str = typer.Option("overwrite_s", "--p-registers",
@@ -269,8 +273,8 @@ def scopes_command(
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """What lives on chip: shared memory and registers per query tile, and the scopes of the statistics."""
-    report = on_chip_scopes(n, d, block_q, block_kv, dtype, n_kv=n_kv, kv_stages=kv_stages, gpu=gpu,
-                            p_registers=p_registers)
+    report = on_chip_scopes(n, d, block_q, block_kv, check_choice("dtype", dtype, STORAGE_DTYPE_NAMES), n_kv=n_kv,
+                            kv_stages=kv_stages, gpu=gpu, p_registers=p_registers)
     if as_json:
         print_json(report)
         return

@@ -13,9 +13,11 @@ import simflash as sf
 from simflash import viewer
 from simflash.commands import user_errors
 from simflash.commands.files import (
-    ALGORITHMS, BLOCK_KV, BLOCK_Q, CAUSAL, CAUSAL_VARIANT, DTYPE, N, N_KV, SEED, D, random_inputs,
+    ALGORITHMS, BLOCK_KV, BLOCK_Q, CAUSAL, CAUSAL_VARIANT, DTYPE, N, N_KV, SEED, D, input_options, random_inputs,
 )
-from simflash.trace import Trace
+from simflash.api import VARIANTS
+from simflash.config import check_choice
+from simflash.trace import TRACE_LEVELS, Trace
 
 console = Console(soft_wrap=True, highlight=False)
 DEFAULT_PAGE = Path("simflash-view.html")
@@ -48,11 +50,13 @@ def view(
             if algorithm not in ALGORITHMS:
                 raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
             q, k, v = random_inputs(n, n_kv, d, heads, seed)
-            common = {"causal": causal, "causal_variant": causal_variant, "dtype": dtype, "cache": cache}
+            common = input_options(causal, causal_variant, dtype, cache=cache)
             if algorithm == "naive":
                 subject = sf.naive_attention(q, k, v, **common)
             else:
-                subject = sf.flash_attention(q, k, v, block_q, block_kv, variant=algorithm, trace=level, **common)
+                variant = check_choice("algorithm", algorithm, VARIANTS)
+                subject = sf.flash_attention(q, k, v, block_q, block_kv, variant=variant,
+                                             trace=check_choice("level", level, TRACE_LEVELS), **common)
             page = out if out is not None else DEFAULT_PAGE
         path = viewer.write(subject, page)
     console.print(f"wrote {escape(str(path))} ({path.stat().st_size:,} bytes); open it in a browser")

@@ -1,6 +1,6 @@
 """Closed-form models and analysis: traffic, roofline, Amdahl, latency attribution, footprint, sweeps."""
 
-from simflash.model import physical
+from simflash.model import physical as physical  # the whole-chip model, as sf.model.physical
 from simflash.model.amdahl import amdahl, attention_flop_share, project, sensitivity
 from simflash.model.backward import backward_flops_by_kind, flash_backward_traffic, naive_backward_traffic
 from simflash.model.decode import (

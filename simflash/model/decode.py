@@ -170,7 +170,8 @@ def split_visits(n_q: int, seqlen: int, n_kv: int, block_q: int, block_kv: int, 
     split s holds tiles [s t, (s + 1) t) with t = ceil(T_c / num_splits), T_c from the allocated n_kv; a
     run [first, first + count) meets the splits (first + count - 1) // t - first // t + 1."""
     tiles = query_tiles(n_q, seqlen, block_q, block_kv, causal, "lower_right", window, pack)
-    per_split = -(-(-(-n_kv // block_kv)) // num_splits)
+    kv_tiles = -(-n_kv // block_kv)
+    per_split = -(-kv_tiles // num_splits)
     last = tiles.first + tiles.count - 1
     splits = np.where(tiles.visited, last // per_split - tiles.first // per_split + 1, 0)
     return SplitVisits(tiles.rows, tiles.kv_rows, tiles.count, splits)

@@ -28,6 +28,8 @@ writes (Nsight Compute charges them to no kernel): `dirty_at_end_bytes`.
 
 from __future__ import annotations
 
+import functools
+
 import attrs
 
 from simflash.algorithms.flash_decoding_combine import KERNEL as COMBINE_KERNEL
@@ -105,7 +107,7 @@ def split_programs(sched: SplitSchedule, heads_per_batch: int, group: int, d: in
                 Access(("LSE_partial", s, r), STATE_DTYPE.itemsize, write=True)))
         else:
             epilogue = tuple(Access(("O", r), d * itemsize, write=True) for r in out)
-        programs.append(CTAProgram(cta, lambda step, kv=kv: kv[step], prologue, epilogue))
+        programs.append(CTAProgram(cta, kv.__getitem__, prologue, epilogue))
     return programs
 
 
@@ -115,12 +117,16 @@ def _kv_step(tiling, h_kv: int, j: int, row_bytes: int) -> tuple[Access, Access]
     return Access(("K", h_kv, cols.start), nbytes), Access(("V", h_kv, cols.start), nbytes)
 
 
+def _partial_row(split: int, row: int, nbytes: int) -> tuple[Access]:
+    """The combine's step `split` for one output row: that split's O_partial row."""
+    return (Access(("O_partial", split, row), nbytes),)
+
+
 def combine_programs(rows: int, num_splits: int, d: int, itemsize: int) -> list[CTAProgram]:
     """The combine kernel's CTAs, one per output row in order: every split's LSE_partial of the row, then
     a step per split reading its O_partial row, then the row of O."""
     s = STATE_DTYPE.itemsize
-    return [CTAProgram(CTA((r,), num_splits, (r,)),
-                       lambda step, r=r: (Access(("O_partial", step, r), d * s),),
+    return [CTAProgram(CTA((r,), num_splits, (r,)), functools.partial(_partial_row, row=r, nbytes=d * s),
                        tuple(Access(("LSE_partial", split, r), s) for split in range(num_splits)),
                        (Access(("O", r), d * itemsize, write=True),))
             for r in range(rows)]

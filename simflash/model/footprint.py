@@ -8,12 +8,12 @@ next to each GPU's L2.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import attrs
 import numpy as np
 
-from simflash.config import GPUS, STATE_DTYPE, check_positive_int, gpu_spec
+from simflash.config import GPUS, STATE_DTYPE, StorageDtypeName, check_positive_int, gpu_spec
 from simflash.memory import OnChipStats
 from simflash.model.traffic import flash_traffic, naive_traffic
 from simflash.onchip import DEFAULT_P_REGISTERS, check_kv_stages, cta_resources, lesson_tile_sizes
@@ -76,7 +76,7 @@ def backward_retention(
     return footprints
 
 
-def cta_on_chip(d: int = 128, block_q: int = 128, block_kv: int = 64, dtype: str = "float16",
+def cta_on_chip(d: int = 128, block_q: int = 128, block_kv: int = 64, dtype: StorageDtypeName = "float16",
                 gpu: str = "H200", kv_stages: int = 2, p_registers: str = DEFAULT_P_REGISTERS) -> OnChipStats:
     """Peak shared-memory tiles and register state of one CTA, measured by simulating one query tile
     against kv_stages KV tiles (every K/V stage buffer filled once)."""
@@ -86,15 +86,18 @@ def cta_on_chip(d: int = 128, block_q: int = 128, block_kv: int = 64, dtype: str
     rng = np.random.default_rng(0)  # values do not change what one CTA holds; sizes do
     q = rng.standard_normal((check_positive_int("block_q", block_q), d))
     k, v = rng.standard_normal((2, check_positive_int("block_kv", block_kv) * kv_stages, d))
-    return flash_attention(q, k, v, block_q=block_q, block_kv=block_kv, dtype=dtype, gpu=gpu, trace="none",
-                           kv_stages=kv_stages, p_registers=p_registers).on_chip
+    on_chip = flash_attention(q, k, v, block_q=block_q, block_kv=block_kv, dtype=dtype, gpu=gpu, trace="none",
+                              kv_stages=kv_stages, p_registers=p_registers).on_chip
+    assert on_chip is not None  # fa2 measures its CTAs' occupancy
+    return on_chip
 
 
-def _held(buffers: dict[str, int]) -> str:
+def _held(buffers: Mapping[str, int]) -> str:
     return " + ".join(f"{buffer} {nbytes / 1024:g} KiB" for buffer, nbytes in buffers.items())
 
 
-def fused_footprints(n: int = 4096, d: int = 128, block_q: int = 128, block_kv: int = 64, dtype: str = "float16",
+def fused_footprints(n: int = 4096, d: int = 128, block_q: int = 128, block_kv: int = 64,
+                     dtype: StorageDtypeName = "float16",
                      gpu: str = "H200", kv_stages: int = 2, p_registers: str = DEFAULT_P_REGISTERS) -> list[Footprint]:
     """What the fused kernel holds instead: nothing quadratic in HBM, tile-sized buffers on chip.
 

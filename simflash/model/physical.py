@@ -101,6 +101,7 @@ def predict(
     sched = TileSchedule(n, n_kv, block_q, block_kv, causal=causal, causal_variant=causal_variant)
     fa2 = FLASH_ALGORITHMS["fa2"]
     ctas = fa2.grid(sched, heads, longest_first=profile.longest_first)
+    assert fa2.program is not None  # fa2 has a traffic-only program
     slots = resident_ctas(spec, profile, block_q, block_kv, d, itemsize)
     l2.flush(residue=cache == "cold")
     l2.kernel = fa2.kernel

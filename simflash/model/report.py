@@ -11,7 +11,8 @@ from __future__ import annotations
 import importlib.resources
 import math
 import pathlib
-from collections.abc import Mapping
+import sys
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -21,9 +22,9 @@ from simflash.config import MiB, storage_dtype
 from simflash.model.amdahl import FlopShare, Projection, amdahl, attention_flop_share, project
 from simflash.model.traffic import FLASH_TRAFFIC, flash_traffic, naive_traffic
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ModuleNotFoundError:  # Python 3.10
+else:
     import tomli as tomllib
 
 
@@ -35,7 +36,7 @@ def _yaml_loads(text: str) -> Any:
 
 
 # Parsers by file suffix; each raises ValueError on malformed text (tomllib's TOMLDecodeError is one).
-SCENARIO_PARSERS = {".toml": tomllib.loads, ".yaml": _yaml_loads, ".yml": _yaml_loads}
+SCENARIO_PARSERS: dict[str, Callable[[str], Any]] = {".toml": tomllib.loads, ".yaml": _yaml_loads, ".yml": _yaml_loads}
 
 
 @attrs.frozen

@@ -8,6 +8,7 @@ M in elements of the storage dtype), which makes the traffic Theta(N^2 d^2 / M) 
 
 from __future__ import annotations
 
+import itertools
 import math
 import pathlib
 from collections.abc import Iterable
@@ -107,7 +108,7 @@ def traffic_vs_sram(
 def local_slopes(points: list[MPoint], variant: str) -> list[float | None]:
     """d log(bytes) / d log(M) between neighbouring points: -1 is the Theta(1/M) regime."""
     slopes: list[float | None] = [None]
-    for a, b in zip(points, points[1:]):
+    for a, b in itertools.pairwise(points):
         slopes.append(math.log(b.bytes_by_variant[variant] / a.bytes_by_variant[variant])
                       / math.log(b.m_elements / a.m_elements))
     return slopes
@@ -140,7 +141,8 @@ def sweep_figure(
         baseline = "naive causal, exact triangle (matched baseline)" if causal else "naive (matched baseline)"
         ax.plot(xs, [p.baseline_bytes / MiB for p in points], "o-", color="black", label=baseline)
         if causal:
-            ax.plot(xs, [p.idealized_baseline_bytes / MiB for p in points], "o--", color="grey", mfc="none",
+            idealized = [p.idealized_baseline_bytes for p in points if p.idealized_baseline_bytes is not None]
+            ax.plot(xs, [b / MiB for b in idealized], "o--", color="grey", mfc="none",
                     label="naive causal, idealized N²/2")
         for variant in FLASH_TRAFFIC:
             ax.plot(xs, [p.bytes_by_variant[variant] / MiB for p in points], "s-", label=variant)

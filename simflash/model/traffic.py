@@ -226,7 +226,7 @@ def flash_traffic(
     if variant not in FLASH_TRAFFIC:
         raise ValueError(f"variant must be one of {sorted(FLASH_TRAFFIC)}, got {variant!r}")
     options = {} if o_accum_dtype == "storage" and variant != "fa1" else {"o_accum_dtype": o_accum_dtype}
-    if variant != "fa1" and options or o_accum_dtype not in ("storage", "float32"):
+    if (variant != "fa1" and options) or o_accum_dtype not in ("storage", "float32"):
         raise ValueError(f"o_accum_dtype must be one of ('storage', 'float32') for variant 'fa1' and 'storage' "
                          f"for the others, got {o_accum_dtype!r} for variant {variant!r}")
     n_q, n_kv, d, heads = _sizes(n, d, n_kv, heads)
