@@ -35,11 +35,12 @@ struct LaneTile {
   }
 };
 
-// acc = rows row0..row0 + 15 of A times (this lane's strip of B)^T, both shared tiles of d columns, for
-// one warp: S_ij = Q_i K_j^T and dP_ij = dO_i V_j^T, (16, 8 N) in fp32.
+// acc = rows row0..row0 + 15 of A times (8-column tiles n_first..n_first + N - 1 of this lane's strip of
+// B)^T, both shared tiles of d columns, for one warp: S_ij = Q_i K_j^T and dP_ij = dO_i V_j^T, (16, 8 N)
+// in fp32.
 template <int DT, int N, int d>
 static __device__ __forceinline__ void mma_a_bt(float (&acc)[N][4], u32 A, int row0, u32 B, const LaneTile<d>& a_at,
-                                                const LaneTile<d>& b_at) {
+                                                const LaneTile<d>& b_at, int n_first = 0) {
 #pragma unroll
   for (int n = 0; n < N; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
 #pragma unroll
@@ -49,7 +50,7 @@ static __device__ __forceinline__ void mma_a_bt(float (&acc)[N][4], u32 A, int r
 #pragma unroll
     for (int n = 0; n < N; n += 2) {
       u32 b[4];  // B rows 8n..8n+15 of the strip, columns 16kk..16kk+15
-      ldmatrix_x4(b, B + b_at.at(n * 8, 2 * kk));
+      ldmatrix_x4(b, B + b_at.at((n_first + n) * 8, 2 * kk));
       Storage<DT>::mma(acc[n], a, b[0], b[1]);
       Storage<DT>::mma(acc[n + 1], a, b[2], b[3]);
     }
@@ -75,11 +76,13 @@ __global__ void __launch_bounds__(B_c / 16 * 32) flash2_backward(
   constexpr int THREADS = B_c / 16 * 32;
   constexpr int STRIPS = B_c / B_r;        // warps side by side across the columns of S_ij and dQ_i
   constexpr int NS = B_c / STRIPS / 8;     // 8-column tiles of S_ij (and dP_ij) per warp
+  constexpr int NP = NS / 4;               // of which one pass of dP_ij computes
   constexpr int NQ = d / STRIPS / 8;       // 8-column tiles of dQ_i per warp
   constexpr int NQ_PART = NQ < 4 ? NQ : 4;  // of which one pass computes and adds
   constexpr int NKV = d / 8;               // 8-column tiles of dK_j (and dV_j) per warp
   constexpr float LOG2E = 1.4426950408889634f;
-  static_assert(NS % 2 == 0 && NQ % NQ_PART == 0 && NQ_PART % 2 == 0, "ldmatrix_x4 feeds two 8-column tiles");
+  static_assert(NP % 2 == 0 && NS % NP == 0 && NQ % NQ_PART == 0 && NQ_PART % 2 == 0,
+                "ldmatrix_x4 feeds two 8-column tiles");
 
   extern __shared__ __align__(128) unsigned char smem[];
   storage_t* const tiles = reinterpret_cast<storage_t*>(smem);  // dK_j, dV_j staged over K_j, V_j at the end
@@ -199,21 +202,24 @@ __global__ void __launch_bounds__(B_c / 16 * 32) flash2_backward(
     }
     float (&P_ij)[NS][4] = S_ij;
 
-    // -- dP_ij = dO_i V_j^T   (16, B_c / STRIPS) per warp, fp32
-    float dP_ij[NS][4];
-    mma_a_bt<DT>(dP_ij, dO_i, warp_m * 16, V_s, QdO, KV_b);
-
-    // -- dS_ij = P_ij o (dP_ij - D_i) from the fp32 P_ij, to shared memory in the storage dtype
+    // -- dP_ij = dO_i V_j^T   (16, B_c / STRIPS) per warp, fp32, and dS_ij = P_ij o (dP_ij - D_i) from the
+    // fp32 P_ij, to shared memory in the storage dtype: NP 8-column tiles of dP_ij at a time, as a whole
+    // dP_ij beside P_ij, dK_j and dV_j would spill
 #pragma unroll
-    for (int n = 0; n < NS; n += 2) {
-      u32 dS_ij[4];  // rows g, g + 8 of 8-column tiles n, n + 1: the stmatrix layout
+    for (int n_first = 0; n_first < NS; n_first += NP) {
+      float dP_ij[NP][4];
+      mma_a_bt<DT>(dP_ij, dO_i, warp_m * 16, V_s, QdO, KV_b, n_first);
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int m = n + (q >> 1), r = q & 1;
-        dS_ij[q] = St::pack(P_ij[m][2 * r] * (dP_ij[m][2 * r] - D_i[r]),
-                            P_ij[m][2 * r + 1] * (dP_ij[m][2 * r + 1] - D_i[r]));
+      for (int n = 0; n < NP; n += 2) {
+        u32 dS_ij[4];  // rows g, g + 8 of 8-column tiles n_first + n, + n + 1: the stmatrix layout
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int m = n + (q >> 1), r = q & 1;
+          dS_ij[q] = St::pack(P_ij[n_first + m][2 * r] * (dP_ij[m][2 * r] - D_i[r]),
+                              P_ij[n_first + m][2 * r + 1] * (dP_ij[m][2 * r + 1] - D_i[r]));
+        }
+        stmatrix_x4(dS_s + PdS.at(0, warp_n * NS + n_first + n), dS_ij[0], dS_ij[1], dS_ij[2], dS_ij[3]);
       }
-      stmatrix_x4(dS_s + PdS.at(0, warp_n * NS + n), dS_ij[0], dS_ij[1], dS_ij[2], dS_ij[3]);
     }
     __syncthreads();  // all of P_ij and dS_ij are in shared memory
 
