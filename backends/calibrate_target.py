@@ -74,20 +74,31 @@ def main(argv: list[str]) -> None:
         else:
             if spec["cache"] == "warm":
                 float(flush_buffer.sum())  # read-only: dirty lines are written back, the L2 ends clean
-            cupy.cuda.Device().synchronize()
-            cupy.cuda.runtime.profilerStart()
-            marker(marker_buffer)
-            run()
-            cupy.cuda.Device().synchronize()
-            cupy.cuda.runtime.profilerStop()
+            profile_marked(run, marker, marker_buffer)
             results.append({"config": config})
-        cupy.get_default_memory_pool().free_all_blocks()
-        try:
-            import torch
-            torch.cuda.empty_cache()
-        except ImportError:
-            pass
+        release_memory()
     Path(argv[1]).write_text(json.dumps(results))
+
+
+def profile_marked(run, marker, marker_buffer) -> None:
+    """One profiled group: the marker kernel (where the profile is cut into groups), then `run`."""
+    cupy = import_cupy()
+    cupy.cuda.Device().synchronize()
+    cupy.cuda.runtime.profilerStart()
+    marker(marker_buffer)
+    run()
+    cupy.cuda.Device().synchronize()
+    cupy.cuda.runtime.profilerStop()
+
+
+def release_memory() -> None:
+    """Give the last configuration's buffers back, CuPy's pool and PyTorch's cache alike."""
+    import_cupy().get_default_memory_pool().free_all_blocks()
+    try:
+        import torch
+        torch.cuda.empty_cache()
+    except ImportError:
+        pass
 
 
 def _time(run, flush_buffer, repeats: int = 5) -> dict:

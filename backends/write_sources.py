@@ -80,7 +80,7 @@ def _probe(config: dict):
 
 def target(argv: list[str]) -> None:
     """The program ncu profiles: per configuration, one unprofiled warm-up, then marker and group."""
-    from simflash.backends.calibrate_target import MARKER, _group
+    from simflash.backends.calibrate_target import MARKER, _group, profile_marked, release_memory
     from simflash.backends.kernels import import_cupy
 
     spec = json.loads(Path(argv[0]).read_text())
@@ -89,19 +89,9 @@ def target(argv: list[str]) -> None:
     marker = cupy.ElementwiseKernel("", "float32 x", "x += 1.0f", MARKER)
     for index, config in enumerate(spec["configs"]):
         run = _probe(config) if config["algorithm"] == "flush_probe" else _group(config, index)
-        run()
-        cupy.cuda.Device().synchronize()
-        cupy.cuda.runtime.profilerStart()
-        marker(marker_buffer)
-        run()
-        cupy.cuda.Device().synchronize()
-        cupy.cuda.runtime.profilerStop()
-        cupy.get_default_memory_pool().free_all_blocks()
-        try:
-            import torch
-            torch.cuda.empty_cache()
-        except ImportError:
-            pass
+        run()  # warm-up
+        profile_marked(run, marker, marker_buffer)
+        release_memory()
     Path(argv[1]).write_text(json.dumps({"configs": len(spec["configs"])}))
 
 
@@ -115,19 +105,8 @@ def _ncu(metrics: list[str], spec_path: Path, result_path: Path, report: Path) -
         return subprocess.run(command, check=False, stdout=stream, stderr=subprocess.STDOUT).returncode
 
 
-def _groups(kernels: list[dict]) -> list[list[dict]]:
-    from simflash.backends.calibrate_target import MARKER
-
-    groups: list[list[dict]] = []
-    for kernel in kernels:
-        if MARKER in kernel["name"]:
-            groups.append([])
-        elif groups:
-            groups[-1].append(kernel)
-    return groups
-
-
 def measure(out: Path) -> dict:
+    from simflash.backends.calibrate import split_groups
     from simflash.backends.profile import available_metrics, find_ncu, parse_ncu_csv
 
     have = available_metrics(find_ncu())
@@ -142,7 +121,7 @@ def measure(out: Path) -> dict:
             code = _ncu(metrics, spec_path, result_path, report)
         if code != 0 or not result_path.exists():
             raise RuntimeError(f"ncu failed (exit {code}):\n{report.read_text()[-3000:]}")
-    groups = _groups(parse_ncu_csv(report.read_text()))
+    groups = split_groups(parse_ncu_csv(report.read_text()), CONFIGS)
     rows = []
     for config, group in zip(CONFIGS, groups):
         rows.append({"config": config, "kernels": [
