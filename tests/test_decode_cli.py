@@ -51,6 +51,40 @@ def test_json_holds_the_model_for_each_cache_length():
         assert [k["kernel"] for k in configuration["one_split"]["kernels"]] == ["flash_decoding_split"]
 
 
+@pytest.mark.parametrize("pack", ["--pack-gqa", "--no-pack-gqa"])
+@pytest.mark.parametrize("cache", ["cold", "warm"])
+def test_cache_adds_the_whole_chip_dram_prediction_over_the_same_bytes(cache, pack):
+    result = invoke("--n-kv", "4096", "--cache", cache, pack, "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["config"]["cache"] == cache
+    configuration = data["configurations"][0]
+    chosen, dram = configuration["chosen"], configuration["dram"]
+    launch = chosen["launch"]
+    model = sf.model.predict_decode_dram(4096, 128, heads=32, kv_heads=8, num_splits=launch["num_splits"],
+                                         block_kv=launch["block_kv"], pack_gqa=pack == "--pack-gqa", cache=cache)
+    assert dram == json.loads(json.dumps(model.to_dict()))
+    # the L2 sees the ledger's bytes, kernel by kernel: what it hits or sends to DRAM adds up to them
+    for kernel in dram["kernels"]:
+        ledger = chosen["traffic"]["by_kernel"][kernel["kernel"]]
+        assert kernel["hit_bytes"] + kernel["dram_read_bytes"] == ledger["read_bytes"]
+        assert kernel["write_bytes"] == ledger["write_bytes"]
+    split = dram["kernels"][0]
+    if pack == "--no-pack-gqa":  # four query heads read each K/V head: the L2 serves the repeats
+        assert split["hit_bytes"] > 2 * split["dram_read_bytes"]
+    elif cache == "cold":  # each K/V byte is read once: every one a miss (the splits' repeated Q rows hit)
+        assert all(split["by_tensor"][t]["hit_bytes"] == 0 < split["by_tensor"][t]["dram_read_bytes"]
+                   for t in ("K", "V"))
+        assert split["by_tensor"]["Q"]["hit_bytes"] > 0
+
+
+def test_cache_prints_the_dram_table():
+    result = invoke("--n-kv", "4096", "--cache", "cold")
+    assert result.exit_code == 0, result.output
+    assert "whole-chip L2 model, cold" in result.output and "DRAM read" in result.output
+    assert "whole-chip" not in invoke("--n-kv", "4096").output
+
+
 def test_given_splits_and_no_packing():
     result = invoke("--num-splits", "4", "--no-pack-gqa", "--json")
     assert result.exit_code == 0, result.output
@@ -72,6 +106,8 @@ def test_given_splits_and_no_packing():
     (["--d", "0"], "--d"),
     (["--n-q", "0"], "--n-q"),
     (["--plot", "bandwidth.txt"], "--plot"),
+    (["--cache", "hot"], "--cache"),
+    (["--cache", "cold", "--d", "96"], "--d"),
 ])
 def test_bad_input_exits_2_naming_the_option(args, option):
     result = invoke(*args)

@@ -15,7 +15,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from simflash.commands import JSON_HELP, make_console, print_json
-from simflash.config import DEFAULT_GPU, GPUS, STORAGE_DTYPES, MiB, check_positive_int
+from simflash.config import DEFAULT_GPU, GPUS, STORAGE_DTYPES, MiB, check_choice, check_positive_int
+from simflash.model.physical import CACHE_MODES
 
 
 def _lengths(n_kv: str) -> list[int]:
@@ -46,10 +47,15 @@ def decode(
     plot: Annotated[Path | None, typer.Option(help="Write predicted K/V bandwidth against batch x K/V heads "
                                                    "(1..256), one split vs the heuristic, here (.png or .svg).")]
     = None,
+    cache: Annotated[str | None, typer.Option(help="Also play the GPU backend's launch of the chosen splits "
+                                                   "through the whole-chip L2 model, cold (L2 flushed before each "
+                                                   "kernel) or warm (once before the step), for predicted DRAM "
+                                                   "bytes by kernel (d = 64 or 128, the backend's kernels).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """Flash-Decoding for a model shape: splits, CTAs, waves, bytes by kernel and tensor, predicted time."""
     from simflash.model.decode import predict_decode
+    from simflash.model.decode_chip import predict_decode_dram
     from simflash.plots import picture_path, plot_decode_bandwidth
 
     lengths = _lengths(n_kv)
@@ -63,17 +69,29 @@ def decode(
     predict = functools.partial(predict_decode, d=d, batch=batch, heads=heads, kv_heads=kv_heads, n_q=n_q,
                                 block_kv=block_kv, pack_gqa=pack_gqa, dtype=dtype, gpu=gpu)
     results = [(length, predict(length, num_splits=num_splits), predict(length, num_splits=1)) for length in lengths]
+    if cache is not None:
+        cache = check_choice("cache", cache, CACHE_MODES)
+        drams = [predict_decode_dram(length, d, batch=batch, heads=heads, kv_heads=kv_heads, n_q=n_q,
+                                     num_splits=chosen.launch.num_splits, block_kv=chosen.launch.block_kv,
+                                     pack_gqa=pack_gqa, dtype=dtype, gpu=gpu, cache=cache)
+                 for length, chosen, _ in results]
     if plot is not None:
         plot_decode_bandwidth(plot, lengths, d, group=heads // kv_heads, n_q=n_q, block_kv=block_kv,
                               pack_gqa=pack_gqa, dtype=dtype, gpu=gpu)
     if as_json:
-        print_json({"config": {"d": d, **shape, "num_splits": num_splits},
-                    "configurations": [{"n_kv": length, "chosen": chosen.to_dict(), "one_split": one_split.to_dict()}
-                                       for length, chosen, one_split in results]})
+        configurations = [{"n_kv": length, "chosen": chosen.to_dict(), "one_split": one_split.to_dict()}
+                          for length, chosen, one_split in results]
+        if cache is not None:
+            for configuration, dram in zip(configurations, drams):
+                configuration["dram"] = dram.to_dict()
+        print_json({"config": {"d": d, **shape, "num_splits": num_splits, "cache": cache},
+                    "configurations": configurations})
         return
     console = make_console()
-    for length, chosen, one_split in results:
+    for at, (length, chosen, one_split) in enumerate(results):
         _print(console, length, d, shape, chosen, one_split)
+        if cache is not None:
+            _print_dram(console, drams[at], cache)
     console.print("Time is a model (docs/decode.md): each kernel's DRAM bytes at the machine file's calibrated HBM "
                   "bandwidth, shared by the SMs that hold a CTA (an idle SM's share is lost), against its compute.")
     if plot is not None:
@@ -124,6 +142,22 @@ def _print(console, n_kv: int, d: int, shape: dict, chosen, one_split) -> None:
         table.add_row(k.kernel, f"{k.ctas:,}", f"{k.sm_rounds}", f"{k.busy_sm_fraction:.1%}", f"{k.dram_s * 1e6:,.1f}",
                       f"{k.compute_s * 1e6:,.1f}", f"{k.time_s * 1e6:,.1f}", k.bound)
     console.print(table)
+
+
+def _print_dram(console, dram, cache: str) -> None:
+    table = Table(title=f"whole-chip L2 model, {cache}: DRAM bytes by kernel (MiB)", title_justify="left")
+    for column in ("kernel", "CTAs", "resident", "logical read", "L2 hits", "DRAM read", "logical write",
+                   "DRAM write", "dirty at end"):
+        table.add_column(column, justify="left" if column == "kernel" else "right")
+    for k in dram.kernels:
+        f = k.flow
+        table.add_row(k.kernel, f"{k.ctas:,}", f"{k.resident_ctas:,}",
+                      *(f"{nbytes / MiB:,.2f}" for nbytes in (f.read_bytes, f.hit_bytes, f.dram_read_bytes,
+                                                              f.write_bytes, f.dram_write_bytes,
+                                                              f.dirty_at_end_bytes)))
+    console.print(table)
+    console.print("Dirty at end: written into the L2 and not yet back in DRAM when the kernel ends (Nsight Compute "
+                  "counts no kernel for them).")
 
 
 def register(app: typer.Typer) -> None:
