@@ -90,13 +90,8 @@ __global__ void __launch_bounds__(B_r, 2) flash2_forward_v2(
 
   const int row_start = i * B_r;
   const int rows = min(B_r, n_q - row_start);
-  // -- the skip bound: KV tiles up to the last column any row of this tile may see
-  const int last_col = causal ? min(row_start + rows - 1 + diagonal_offset, n_kv - 1) : n_kv - 1;
-  const int T_c = last_col >= 0 ? last_col / B_c + 1 : 0;
-  // -- tiles 0 .. T_full - 1 need no mask: all B_c keys inside n_kv and visible to the first row
-  int T_full = n_kv / B_c;
-  if (causal) T_full = min(T_full, (row_start + diagonal_offset + 1) / B_c);
-  T_full = max(0, min(T_full, T_c));
+  const KvTiles visited = kv_tiles_visited<B_c>(row_start, rows, n_kv, causal, diagonal_offset);
+  const int T_c = visited.T_c, T_full = visited.T_full;
 
   const storage_t* Q_h = Q + (size_t)h * n_q * D;
   const storage_t* K_h = K + (size_t)h * n_kv * D;

@@ -82,6 +82,22 @@ static __device__ __forceinline__ u32 shared_address(const void* p) {
   return (u32)a;
 }
 
+// The KV tiles of B_c keys that query rows row_start .. row_start + rows - 1 visit (causal: row r sees
+// keys c <= r + diagonal_offset): T_c, up to the last column any of them may see (the skip bound), of
+// which the first T_full need no mask (all B_c keys inside n_kv and visible to the first row).
+struct KvTiles {
+  int T_c, T_full;
+};
+template <int B_c>
+static __device__ __forceinline__ KvTiles kv_tiles_visited(int row_start, int rows, int n_kv, int causal,
+                                                           int diagonal_offset) {
+  const int last_col = causal ? min(row_start + rows - 1 + diagonal_offset, n_kv - 1) : n_kv - 1;
+  const int T_c = last_col >= 0 ? last_col / B_c + 1 : 0;
+  int T_full = n_kv / B_c;
+  if (causal) T_full = min(T_full, (row_start + diagonal_offset + 1) / B_c);
+  return {T_c, max(0, min(T_full, T_c))};
+}
+
 // Asynchronous 16-byte copy HBM -> shared memory; src_bytes = 0 reads nothing and writes zeros.
 static __device__ __forceinline__ void cp_async_16(u32 dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes)
