@@ -359,20 +359,14 @@ def tables(results: dict) -> dict[str, Table]:
         out["decode_bench"] = decode_bench_table(results["decode_bench"])
         if "profile" in results["decode_bench"]:
             out["decode_profile"] = decode_profile_table(results["decode_bench"])
-    if "validate_v2" in results:
-        out["validate_v2"] = validate_table(results["validate_v2"])
-        out["resources_v2"] = resources_table(results["validate_v2"])
-    if "versions" in results:
-        out["versions"] = versions_table(results["versions"]["rows"])
-    if "kernel_profile" in results:
-        out["kernel_profile"] = kernel_profile_table(results["kernel_profile"])
-    if "validate_v3" in results:
-        out["validate_v3"] = validate_table(results["validate_v3"])
-        out["resources_v3"] = resources_table(results["validate_v3"])
-    if "versions_v3" in results:
-        out["versions_v3"] = versions_table(results["versions_v3"]["rows"])
-    if "kernel_profile_v3" in results:
-        out["kernel_profile_v3"] = kernel_profile_table(results["kernel_profile_v3"])
+    for version, suffix in (("v2", ""), ("v3", "_v3")):  # each version's files (v2's bench and profile unsuffixed)
+        if f"validate_{version}" in results:
+            out[f"validate_{version}"] = validate_table(results[f"validate_{version}"])
+            out[f"resources_{version}"] = resources_table(results[f"validate_{version}"])
+        if f"versions{suffix}" in results:
+            out[f"versions{suffix}"] = versions_table(results[f"versions{suffix}"]["rows"])
+        if f"kernel_profile{suffix}" in results:
+            out[f"kernel_profile{suffix}"] = kernel_profile_table(results[f"kernel_profile{suffix}"])
     from simflash.backends import report_backward  # it builds on this module's helpers
 
     if "backward_validate" in results:
