@@ -58,14 +58,23 @@ def test_version_2_has_one_warp_per_32_rows_and_single_padded_buffers():
     assert 2 * (Flash2V2Kernel("float16", 128, 128, 128).shared_bytes + 1024) <= 228 * 1024
 
 
-@pytest.mark.parametrize(("change", "argument"), [(dict(d=256), "d"), (dict(block_q=32), "block_q"),
-                                                  (dict(block_kv=48), "block_kv"), (dict(dtype="float32"), "dtype")])
-def test_version_2_refuses_what_it_is_not_built_for_before_touching_cupy(monkeypatch, change, argument):
+@pytest.mark.parametrize(("version", "change", "argument"), [
+    *(("v2", change, argument) for change, argument in ((dict(d=256), "d"), (dict(block_q=32), "block_q"),
+                                                        (dict(block_kv=48), "block_kv"), (dict(dtype="float32"), "dtype"))),
+    *(("v3", change, argument) for change, argument in ((dict(d=256), "d"), (dict(block_q=64), "block_q"),
+                                                        (dict(block_kv=32), "block_kv"), (dict(dtype="float32"), "dtype"))),
+])
+def test_versions_2_and_3_refuse_what_they_are_not_built_for_before_touching_cupy(monkeypatch, version, change,
+                                                                                  argument):
     monkeypatch.setitem(sys.modules, "cupy", None)
     kwargs = dict(block_q=128, block_kv=64, dtype="float16") | change
     q = np.ones((1, 8, kwargs.pop("d", 64)), dtype=np.float32)
     with pytest.raises(ValueError, match=rf"^{argument} must be one of"):
-        flash2.flash_attention(q, q, q, **kwargs, version="v2")
+        flash2.flash_attention(q, q, q, **kwargs, version=version)
+
+
+def test_an_unknown_version_is_refused_before_touching_cupy(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", None)
     q64 = np.ones((1, 8, 64), dtype=np.float32)
     with pytest.raises(ValueError, match="version must be one of"):
         flash2.flash_attention(q64, q64, q64, version="v0")
@@ -221,14 +230,7 @@ def test_version_3_is_three_warpgroups_over_two_stages_of_swizzled_tiles():
     assert not flash2.builds("v3", 128, 32, 128) and not flash2.builds("v3", 128, 64, 256)
 
 
-@pytest.mark.parametrize(("change", "argument"), [(dict(d=256), "d"), (dict(block_q=64), "block_q"),
-                                                  (dict(block_kv=32), "block_kv"), (dict(dtype="float32"), "dtype")])
-def test_version_3_refuses_what_it_is_not_built_for_before_touching_cupy(monkeypatch, change, argument):
-    monkeypatch.setitem(sys.modules, "cupy", None)
-    kwargs = dict(block_q=128, block_kv=64, dtype="float16") | change
-    q = np.ones((1, 8, kwargs.pop("d", 64)), dtype=np.float32)
-    with pytest.raises(ValueError, match=rf"^{argument} must be one of"):
-        flash2.flash_attention(q, q, q, **kwargs, version="v3")
+def test_version_3_takes_pingpong_as_a_bool():
     with pytest.raises(ValueError, match=r"^pingpong must be True or False"):
         Flash2V3Kernel(pingpong=1)
 
