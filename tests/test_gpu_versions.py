@@ -59,10 +59,10 @@ def test_version_2_has_one_warp_per_32_rows_and_single_padded_buffers():
 
 
 @pytest.mark.parametrize(("version", "change", "argument"), [
-    *(("v2", change, argument) for change, argument in ((dict(d=256), "d"), (dict(block_q=32), "block_q"),
-                                                        (dict(block_kv=48), "block_kv"), (dict(dtype="float32"), "dtype"))),
-    *(("v3", change, argument) for change, argument in ((dict(d=256), "d"), (dict(block_q=64), "block_q"),
-                                                        (dict(block_kv=32), "block_kv"), (dict(dtype="float32"), "dtype"))),
+    ("v2", dict(d=256), "d"), ("v2", dict(block_q=32), "block_q"), ("v2", dict(block_kv=48), "block_kv"),
+    ("v2", dict(dtype="float32"), "dtype"),
+    ("v3", dict(d=256), "d"), ("v3", dict(block_q=64), "block_q"), ("v3", dict(block_kv=32), "block_kv"),
+    ("v3", dict(dtype="float32"), "dtype"),
 ])
 def test_versions_2_and_3_refuse_what_they_are_not_built_for_before_touching_cupy(monkeypatch, version, change,
                                                                                   argument):
