@@ -227,3 +227,17 @@ def test_each_cta_body_starts_once_and_runs_its_steps(slots):
     yielded = list(run_bodies({cta: (lambda cta=cta: body(cta)) for cta in ctas}, slots))
     assert sorted(started) == [cta.index for cta in ctas]
     assert sorted(yielded) == sorted((cta.index, s) for cta in ctas for s in range(cta.n_steps))
+
+
+def test_naive_time_figures_come_out_of_their_fit():
+    """The machine file's naive-path time figures are what `fit_naive_time` computes from the committed
+    cold sweep (fit set only), to the four digits written there."""
+    import json
+    from pathlib import Path
+
+    from simflash.model.calibration import NAIVE_TIME_KEYS, fit_naive_time
+
+    sweep = json.loads((Path(__file__).resolve().parents[1] / "benchmarks/gpu/calibration_cold.json").read_text())
+    fitted = fit_naive_time(sweep)
+    for key in NAIVE_TIME_KEYS:
+        assert sf.GPUS["H200"].calibration[key] == pytest.approx(fitted[key], rel=2e-3), key

@@ -16,8 +16,12 @@ from pathlib import Path
 import attrs
 import numpy as np
 
-from simflash.config import MiB, GPUSpec
+from scipy.optimize import least_squares
+
+from simflash.algorithms.naive import stored_per_row
+from simflash.config import MiB, GPUSpec, gpu_spec
 from simflash.model.physical import predict
+from simflash.schedule import TileSchedule
 
 FIT_EVERY = 3  # configuration k of the sweep is in the fit set when k % FIT_EVERY == 0
 KERNEL_OF = {"fa2": "simflash", "sdpa_flash": "sdpa_flash", "naive": "simflash"}
@@ -76,6 +80,46 @@ def compare(measurement: dict, gpu: GPUSpec | str = "H200", times: dict | None =
                 {"dram_read_bytes": row["dram_read_bytes"], "dram_write_bytes": row["dram_write_bytes"],
                  "time_s": measured_time},
             )
+
+
+NAIVE_TIME_KEYS = ("naive_launch_seconds", "naive_hbm_bytes_per_s", "gemm_flops_per_s", "gemm_l2_bytes_per_s",
+                   "softmax_row_seconds")
+
+
+def fit_naive_time(measurement: dict, gpu: GPUSpec | str = "H200") -> dict[str, float]:
+    """The naive path's time figures (NAIVE_TIME_KEYS), fitted to the measured kernel durations of the
+    fit set's naive rows: least squares on log time, with each kernel's DRAM bytes as the L2 model
+    predicts them (so the figures hold for predicted, not measured, bytes)."""
+    spec = gpu if isinstance(gpu, GPUSpec) else gpu_spec(gpu)
+    rows = []  # (kernel, predicted KernelPrediction, GEMM FLOPs, softmax rows, measured seconds)
+    for index, entry in enumerate(measurement["configs"]):
+        c = entry["config"]
+        if c["algorithm"] != "naive" or index % FIT_EVERY != 0:
+            continue
+        prediction = predict("naive", c["n"], c["d"], heads=c["heads"], causal=c["causal"], gpu=spec,
+                             cache=measurement["cache"])
+        stored = c["heads"] * int(stored_per_row(TileSchedule(c["n"], c["n"], c["n"], c["n"], causal=c["causal"])).sum())
+        for row in entry["kernels"]:
+            rows.append((row["kernel"], prediction.kernel(row["kernel"]), 2 * stored * c["d"], stored,
+                         c["heads"] * c["n"], row["time_s"]))
+    scales = np.array([1e-6, 1e12, 1e12, 1e12, 1e-9])  # the unknowns in µs, TB/s, TFLOP/s, TB/s, ns
+
+    def seconds(x: np.ndarray) -> np.ndarray:
+        launch, hbm, flops, l2, per_row = x * scales
+        out = []
+        for kernel, k, gemm_flops, exps, n_rows, _ in rows:
+            dram = (k.dram_read_bytes + k.dram_write_bytes) / hbm
+            if kernel == "softmax":
+                terms = (dram + n_rows * per_row, exps / spec.sfu_ops_per_s)
+            else:
+                terms = (gemm_flops / flops, dram, (k.logical_read_bytes + k.logical_write_bytes) / l2)
+            out.append(launch + max(terms))
+        return np.array(out)
+
+    measured = np.array([r[-1] for r in rows])
+    fit = least_squares(lambda x: np.log(seconds(x) / measured), x0=[3.0, 3.0, 400.0, 5.0, 1.0],
+                        bounds=([0.0, 0.1, 10.0, 0.1, 0.0], [50.0, 20.0, 2000.0, 50.0, 100.0]))
+    return dict(zip(NAIVE_TIME_KEYS, (float(v) for v in fit.x * scales)))
 
 
 def summary(comparisons: list[Comparison]) -> dict:

@@ -11,8 +11,9 @@ Time, per kernel: the larger of
   kernel's achieved fraction of peak + exponentials on the special-function units + other FP32 work);
 - DRAM: predicted DRAM bytes over the achieved HBM bandwidth;
 - L2: logical bytes over the L2 bandwidth.
-The naive path's GEMMs and softmax are library kernels with their own CTAs: their compute term is
-their FLOPs at the GEMM's achieved fraction of peak. Fitted figures live in the machine file's
+The naive path's GEMMs and softmax are library-style kernels with their own grids (`naive_seconds`):
+a GEMM is a roofline at its achieved rates, the softmax streams at the achieved HBM bandwidth and
+pays a fixed cost per row (one CTA per row). Fitted figures live in the machine file's
 [calibration] table (`simflash physical --validate` says how well they hold on unseen configurations).
 """
 
@@ -26,7 +27,7 @@ from simflash.algorithms.naive import naive_grid, naive_program, stored_per_row
 from simflash.chip import kernel_profile, l2_cache, resident_ctas
 from simflash.config import GPUSpec, check_causal_variant, check_positive_int, gpu_spec, storage_dtype
 from simflash.grid import run_programs
-from simflash.l2 import L2Cache
+from simflash.l2 import L2Cache, L2Flow
 from simflash.schedule import TileSchedule
 
 ALGORITHMS = ("naive", "fa2")
@@ -116,7 +117,6 @@ def _naive(spec, l2: L2Cache, n, n_kv, d, heads, causal, causal_variant, itemsiz
     sched = TileSchedule(n, n_kv, n, n_kv, causal=causal, causal_variant=causal_variant)
     ctas = naive_grid(sched, heads, itemsize)
     stored = int(stored_per_row(sched).sum()) * heads
-    flops = {"gemm_qk": 2 * stored * d, "softmax": 0, "gemm_pv": 2 * stored * d}
     predictions = []
     for kernel in NAIVE_KERNELS:
         if cache == "cold" or kernel == NAIVE_KERNELS[0]:
@@ -125,11 +125,23 @@ def _naive(spec, l2: L2Cache, n, n_kv, d, heads, causal, causal_variant, itemsiz
         steps = run_programs((naive_program(kernel, sched, cta, d, itemsize) for cta in ctas), 1, l2)
         l2.end_kernel()
         flow = l2.traffic().by_kernel[kernel]
-        efficiency = spec.calibration.get("tensor_efficiency_gemm", 1.0)
-        compute = flops[kernel] / (efficiency * spec.peak_flops.get("float16")) + (
-            stored / spec.sfu_ops_per_s if kernel == "softmax" else 0.0)
-        predictions.append(_prediction(spec, kernel, flow, compute, heads, 1, steps))
+        seconds = naive_seconds(spec, kernel, flow, gemm_flops=2 * stored * d, rows=heads * n, exps=stored)
+        predictions.append(_prediction(spec, kernel, flow, seconds, heads, 1, steps))
     return tuple(predictions)
+
+
+def naive_seconds(spec: GPUSpec, kernel: str, flow: L2Flow, gemm_flops: int, rows: int, exps: int) -> dict[str, float]:
+    """The naive path's kernels are library-style kernels with their own grids: a GEMM is a roofline (the
+    largest of its FLOPs, its DRAM bytes and its L2 bytes at their achieved rates); the softmax (one
+    CTA per row) streams its DRAM bytes and pays a fixed cost per row, unless its exponentials take
+    longer. Achieved rates from the machine file's [calibration] table where it has them
+    (`simflash.model.calibration.fit_naive_time`), peak rates otherwise."""
+    cal = spec.calibration
+    dram = (flow.dram_read_bytes + flow.dram_write_bytes) / cal.get("naive_hbm_bytes_per_s", spec.hbm_bytes_per_s)
+    if kernel == "softmax":
+        return {"dram": dram + rows * cal.get("softmax_row_seconds", 0.0), "compute": exps / spec.sfu_ops_per_s}
+    return {"compute": gemm_flops / cal.get("gemm_flops_per_s", spec.peak_flops["float16"]), "dram": dram,
+            "l2": (flow.read_bytes + flow.write_bytes) / cal.get("gemm_l2_bytes_per_s", spec.l2_bytes_per_s)}
 
 
 def _flash_step_seconds(spec: GPUSpec, kernel: str, block_q: int, block_kv: int, d: int, ctas_per_sm: int) -> float:
@@ -147,17 +159,23 @@ def dram_seconds(nbytes: int, bytes_per_s: float) -> float:
     return nbytes / bytes_per_s
 
 
-def _prediction(spec: GPUSpec, kernel: str, flow, compute_s: float, ctas: int, slots: int, steps: int) -> KernelPrediction:
-    hbm = spec.hbm_bytes_per_s * spec.calibration.get("hbm_efficiency", 1.0)
-    terms = {
-        "compute": compute_s,
-        "dram": dram_seconds(flow.dram_read_bytes + flow.dram_write_bytes, hbm),
-        "l2": (flow.read_bytes + flow.write_bytes) / spec.l2_bytes_per_s,
-    }
+def _prediction(spec: GPUSpec, kernel: str, flow: L2Flow, compute: float | dict[str, float], ctas: int, slots: int,
+                steps: int) -> KernelPrediction:
+    """compute: the FA-2 kernel's compute seconds (DRAM and L2 terms added here), or a naive kernel's terms."""
+    if isinstance(compute, dict):
+        terms, launch = compute, spec.calibration.get("naive_launch_seconds", LAUNCH_SECONDS)
+    else:
+        hbm = spec.hbm_bytes_per_s * spec.calibration.get("hbm_efficiency", 1.0)
+        terms = {
+            "compute": compute,
+            "dram": dram_seconds(flow.dram_read_bytes + flow.dram_write_bytes, hbm),
+            "l2": (flow.read_bytes + flow.write_bytes) / spec.l2_bytes_per_s,
+        }
+        launch = LAUNCH_SECONDS
     bound = max(terms, key=terms.__getitem__)
     return KernelPrediction(
         kernel=kernel, logical_read_bytes=flow.read_bytes, logical_write_bytes=flow.write_bytes,
         l2_hit_bytes=flow.hit_bytes, dram_read_bytes=flow.dram_read_bytes, dram_write_bytes=flow.dram_write_bytes,
-        dirty_at_end_bytes=flow.dirty_at_end_bytes, time_s=terms[bound] + LAUNCH_SECONDS, bound=bound,
+        dirty_at_end_bytes=flow.dirty_at_end_bytes, time_s=terms[bound] + launch, bound=bound,
         ctas=ctas, resident_ctas=slots, makespan_steps=steps,
     )
