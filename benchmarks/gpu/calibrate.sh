@@ -1,12 +1,14 @@
 #!/bin/bash
-# The whole-chip calibration sweep, in one call on the GPU machine (run from the repo root):
-#   bash benchmarks/gpu/calibrate.sh [cold warm time]
-# Writes calibration_{cold,warm}.json with ncu's raw CSV beside each, and calibration_time.json,
-# to $OUT (or ./gpu-out). Each mode is bounded so the call ends inside the machine's 10-minute limit.
+# The whole-chip sweeps on the GPU machine (run from the repo root):
+#   [SWEEP=calibration|validation] bash benchmarks/gpu/calibrate.sh [cold warm time]
+# Writes $SWEEP_{cold,warm}.json with ncu's raw CSV beside each, and $SWEEP_time.json, to $OUT (or
+# ./gpu-out). Each mode is bounded (280 s); run one or two modes per call to stay inside the machine's
+# 10-minute limit.
 set -u -o pipefail
 out=${OUT:-gpu-out}
 mkdir -p "$out"
-log="$out/calibrate_log.txt"
+sweep=${SWEEP:-calibration}
+log="$out/${sweep}_log.txt"
 export PYTHONUNBUFFERED=1
 sf() { python3 -c "from simflash.cli import main; main()" "$@"; }
 export -f sf
@@ -16,10 +18,11 @@ modes=("$@"); [ $# -eq 0 ] && modes=(cold warm time)
 for mode in "${modes[@]}"; do
   echo "== $(date +%T) $mode" | tee -a "$log"
   if [ "$mode" = time ]; then
-    timeout 280 bash -c 'sf "$@"' sf gpu calibrate --cache time --save "$out/calibration_time.json" 2>&1 | tail -5 | tee -a "$log"
+    timeout 280 bash -c 'sf "$@"' sf gpu calibrate --sweep "$sweep" --cache time --save "$out/${sweep}_time.json" \
+      2>&1 | tail -5 | tee -a "$log"
   else
-    timeout 280 bash -c 'sf "$@"' sf gpu calibrate --cache "$mode" --raw-csv "$out/calibration_${mode}_ncu.csv" \
-      --save "$out/calibration_${mode}.json" 2>&1 | tail -5 | tee -a "$log"
+    timeout 280 bash -c 'sf "$@"' sf gpu calibrate --sweep "$sweep" --cache "$mode" --raw-csv "$out/${sweep}_${mode}_ncu.csv" \
+      --save "$out/${sweep}_${mode}.json" 2>&1 | tail -5 | tee -a "$log"
   fi
 done
 echo "== $(date +%T) done" | tee -a "$log"

@@ -214,21 +214,26 @@ def profile(
 def calibrate(
     cache: Annotated[str, typer.Option(help="cold (ncu flushes before every kernel), warm (one read-only "
                                             "flush before each group), or time (CUDA events, no profiler).")] = "cold",
+    sweep_name: Annotated[str, typer.Option("--sweep", help="calibration (the figures are fitted on a third of "
+                                                             "it) or validation (configurations it does not hold).")
+                          ] = "calibration",
     limit: Annotated[int | None, typer.Option(help="Only the first LIMIT configurations (a smoke run).")] = None,
     seed: Annotated[int, typer.Option(help="Input seed.", min=0)] = 0,
     raw_csv: Annotated[Path | None, typer.Option(help="Also keep ncu's CSV report here.")] = None,
     save: Annotated[Path | None, typer.Option(help=SAVE_HELP)] = None,
 ) -> None:
-    """The whole-chip model's calibration sweep: naive, our FA-2 and SDPA flash under Nsight Compute."""
+    """The whole-chip model's sweeps: naive, our FA-2 and SDPA flash under Nsight Compute."""
     from simflash.backends import calibrate as sweep
     from simflash.backends.kernels import device_info
 
     if cache not in ("cold", "warm", "time"):
         raise typer.BadParameter(f"expected cold, warm or time, got {cache!r}", param_hint="--cache")
+    if sweep_name not in sweep.SWEEPS:
+        raise typer.BadParameter(f"expected one of {list(sweep.SWEEPS)}, got {sweep_name!r}", param_hint="--sweep")
     with user_errors():
-        configs = sweep.sweep_configs()[:limit]
+        configs = sweep.SWEEPS[sweep_name]()[:limit]
         measured = sweep.time_groups(configs, seed) if cache == "time" else sweep.measure(configs, cache, seed, raw_csv)
-        result = {"command": _command_line(), "device": device_info(), **measured}
+        result = {"command": _command_line(), "device": device_info(), "sweep": sweep_name, **measured}
     text = json.dumps(result, indent=1)
     if save is not None:
         save.write_text(text + "\n")

@@ -158,22 +158,28 @@ def _table(title: str, columns: list[str], rows: list[list[str]], text_columns: 
 
 
 def validate(
-    folder: Annotated[Path, typer.Argument(help="Folder of the sweep's calibration_{cold,warm,time}.json.")] = Path(
+    folder: Annotated[Path, typer.Argument(help="Folder of the sweep's {SWEEP}_{cold,warm,time}.json.")] = Path(
         "benchmarks/gpu"),
+    sweep: Annotated[str, typer.Option(help="calibration (fit and held-out rows) or validation (all unseen).")
+                     ] = "calibration",
     gpu: Annotated[str, typer.Option(help=f"GPU machine file: {', '.join(GPUS)}.")] = DEFAULT_GPU,
     save: Annotated[Path | None, typer.Option(help="Also write every row and the summary as JSON here.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print every row and the summary as JSON instead of "
                                                          "the Markdown tables.")] = False,
 ) -> None:
-    """Predict every kernel of the calibration sweep and compare with ncu: fit set and held-out set."""
+    """Predict every kernel of a measured sweep and compare with ncu: the calibration sweep's fit and
+    held-out sets, or the validation sweep."""
     from simflash.model.calibration import markdown
     from simflash.model.calibration import validate as run_validation
 
+    from simflash.model.calibration import SWEEPS
+
     with user_errors():
-        for name in ("calibration_cold.json", "calibration_warm.json", "calibration_time.json"):
+        sweep = _choice("sweep", sweep, SWEEPS)
+        for name in (f"{sweep}_cold.json", f"{sweep}_warm.json", f"{sweep}_time.json"):
             if not (folder / name).is_file():
                 raise ValueError(f"FOLDER must hold {name}; {folder / name} is not a file")
-        report = run_validation(folder, _choice("gpu", gpu, tuple(GPUS)))
+        report = run_validation(folder, _choice("gpu", gpu, tuple(GPUS)), sweep)
     if save is not None:
         save.write_text(json.dumps(report, indent=1) + "\n")
     typer.echo(json.dumps(report, indent=1) if as_json else markdown(report))

@@ -3,7 +3,9 @@
 The sweep (`simflash gpu calibrate`, results in benchmarks/gpu/calibration_{cold,warm,time}.json)
 measured every kernel of the naive path, simflash's FA-2 kernel and PyTorch SDPA's FA-2 kernel. Each
 configuration is assigned once and for all to the fit set (every third configuration of the sweep, in
-its order) or to the held-out set (the rest, which no fitted figure has seen). A kernel row passes when
+its order) or to the held-out set (the rest, which no fitted figure has seen). A second sweep
+(`--sweep validation`, benchmarks/gpu/validation_*.json) measured other configurations after the
+model was fixed: all of its rows are unseen. A kernel row passes when
 the predicted DRAM bytes are within 10% (or 1 MiB, whichever is larger) of the measured ones.
 """
 
@@ -27,6 +29,15 @@ FIT_EVERY = 3  # configuration k of the sweep is in the fit set when k % FIT_EVE
 KERNEL_OF = {"fa2": "simflash", "sdpa_flash": "sdpa_flash", "naive": "simflash"}
 
 
+SWEEPS = ("calibration", "validation")
+
+
+def _subset(sweep: str, index: int) -> str:
+    if sweep == "validation":
+        return "validation"
+    return "fit" if index % FIT_EVERY == 0 else "held-out"
+
+
 def within(predicted: float, measured: float, rel: float = 0.10, abs_bytes: float = MiB) -> bool:
     return abs(predicted - measured) <= max(rel * measured, abs_bytes)
 
@@ -36,7 +47,7 @@ class Comparison:
     """One kernel of one measured configuration, predicted and measured."""
 
     index: int  # the configuration's position in the sweep
-    held_out: bool
+    subset: str  # "fit" or "held-out" (calibration sweep), or "validation" (the validation sweep: all unseen)
     cache: str
     implementation: str  # naive, fa2 (simflash's kernel) or sdpa_flash
     config: dict
@@ -57,7 +68,8 @@ def load(path: Path) -> dict:
 
 
 def compare(measurement: dict, gpu: GPUSpec | str = "H200", times: dict | None = None,
-            implementations: Iterable[str] = ("naive", "fa2", "sdpa_flash")) -> Iterator[Comparison]:
+            implementations: Iterable[str] = ("naive", "fa2", "sdpa_flash"), sweep: str = "calibration"
+            ) -> Iterator[Comparison]:
     """Predict every configuration of one calibration file and pair each kernel with its measurement.
 
     times: the calibration_time.json result, whose CUDA-event times replace ncu's for the FA-2 rows."""
@@ -74,7 +86,7 @@ def compare(measurement: dict, gpu: GPUSpec | str = "H200", times: dict | None =
             kernel = prediction.kernel(row["kernel"])
             measured_time = timed.get(json.dumps(c, sort_keys=True), row["time_s"]) if algorithm == "fa2" else row["time_s"]
             yield Comparison(
-                index, index % FIT_EVERY != 0, cache, c["algorithm"], c, row["kernel"],
+                index, _subset(sweep, index), cache, c["algorithm"], c, row["kernel"],
                 {"dram_read_bytes": kernel.dram_read_bytes, "dram_write_bytes": kernel.dram_write_bytes,
                  "time_s": kernel.time_s},
                 {"dram_read_bytes": row["dram_read_bytes"], "dram_write_bytes": row["dram_write_bytes"],
@@ -126,7 +138,7 @@ def summary(comparisons: list[Comparison]) -> dict:
     """Pass rates and error distributions, by set (fit, held-out), cache mode and implementation."""
     groups: dict[tuple[str, str, str], list[Comparison]] = {}
     for c in comparisons:
-        groups.setdefault(("held-out" if c.held_out else "fit", c.cache, c.implementation), []).append(c)
+        groups.setdefault((c.subset, c.cache, c.implementation), []).append(c)
     out = []
     for (subset, cache, implementation), rows in sorted(groups.items()):
         entry = {"set": subset, "cache": cache, "implementation": implementation, "kernel_rows": len(rows)}
@@ -147,17 +159,20 @@ def summary(comparisons: list[Comparison]) -> dict:
     return {"fit_every": FIT_EVERY, "groups": out}
 
 
-def validate(folder: Path, gpu: GPUSpec | str = "H200") -> dict:
-    """Every kernel row of the committed sweep in `folder`, predicted and compared; with the summary."""
+def validate(folder: Path, gpu: GPUSpec | str = "H200", sweep: str = "calibration") -> dict:
+    """Every kernel row of the committed sweep `sweep` in `folder` ({sweep}_{cold,warm,time}.json),
+    predicted and compared; with the summary."""
+    if sweep not in SWEEPS:
+        raise ValueError(f"sweep must be one of {SWEEPS}, got {sweep!r}")
     folder = Path(folder)
-    times = load(folder / "calibration_time.json")
-    rows = [c for name in ("calibration_cold.json", "calibration_warm.json")
-            for c in compare(load(folder / name), gpu, times)]
+    times = load(folder / f"{sweep}_time.json")
+    rows = [c for mode in ("cold", "warm") for c in compare(load(folder / f"{sweep}_{mode}.json"), gpu, times, sweep=sweep)]
+    save = "physical_validation.json" if sweep == "calibration" else "physical_validation_unseen.json"
     return {
-        "command": "simflash physical-validate benchmarks/gpu --save benchmarks/gpu/physical_validation.json",
+        "command": f"simflash physical-validate benchmarks/gpu --sweep {sweep} --save benchmarks/gpu/{save}",
         "calibration": "the [calibration] table of the GPU's machine file",
         "summary": summary(rows),
-        "rows": [{"index": r.index, "held_out": r.held_out, "cache": r.cache, "implementation": r.implementation,
+        "rows": [{"index": r.index, "subset": r.subset, "cache": r.cache, "implementation": r.implementation,
                   "config": r.config, "kernel": r.kernel, "predicted": r.predicted, "measured": r.measured}
                  for r in rows],
     }
