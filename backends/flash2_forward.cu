@@ -25,7 +25,7 @@
 #include "flash2_tile.cuh"
 
 template <int DT, int B_r, int B_c, int D, bool INSTRUMENTED>
-__global__ void __launch_bounds__(B_r / 16 * 32) flash2_forward(
+__global__ void __launch_bounds__(B_r / 16 * 32, D == 64 ? 2 : 1) flash2_forward(
     const storage_t* __restrict__ Q,  // (H_q, n_q, D)
     const storage_t* __restrict__ K,  // (H_kv, n_kv, D)
     const storage_t* __restrict__ V,  // (H_kv, n_kv, D)
@@ -67,8 +67,10 @@ __global__ void __launch_bounds__(B_r / 16 * 32) flash2_forward(
     // -- Q_i, then its KV tiles
     read_Q += load_tile<B_r, D, THREADS>(Q_s, [=](int p) { return Q + q.row(p) * D; }, rows);
     const bool traced = INSTRUMENTED && h == trace_head && i == trace_tile;
-    // Q_i's fragments stay in registers up to d = 128; at d = 256 they would crowd a_i out of them
-    fold_kv_tiles<DT, B_r, B_c, D, 1, 2, D <= 128, INSTRUMENTED>(
+    // Q_i's fragments stay in registers at d = 128 only. At d = 64 the kernel is held to 128 registers
+    // so that two CTAs share an SM, and Q_i read again from shared memory runs faster than one CTA an SM
+    // holding it (benchmarks/gpu/v1_d64_builds); at d = 256 they would crowd a_i out of the registers.
+    fold_kv_tiles<DT, B_r, B_c, D, 1, 2, D == 128, INSTRUMENTED>(
         state, Q_s, KV_s, K + (size_t)h_kv * n_kv * D, V + (size_t)h_kv * n_kv * D, j_begin, j_end, vis, q, rows,
         scale, read_K, read_V, traced ? trace_m : nullptr, traced ? trace_l : nullptr);
   }

@@ -32,7 +32,7 @@ KERNEL_PROFILES = {
     # backends/flash2_forward.cu: one warp per 16 query rows; Q_i and double-buffered K_j, V_j in
     # shared memory; registers as the compiler gave them (`simflash gpu info` on the H200).
     "simflash": KernelProfile(
-        "simflash", threads=lambda bq, bkv, d: bq // 16 * 32, registers=lambda d: 228 if d > 64 else 128,
+        "simflash", threads=lambda bq, bkv, d: bq // 16 * 32, registers=lambda d: 232 if d > 64 else 128,
         shared_bytes=lambda bq, bkv, d, b: (bq + 4 * bkv) * d * b, longest_first=True, tiles=lambda d: (128, 64)),
     # FlashAttention-2 in PyTorch (Flash_fwd_kernel_traits<d, 128, 64 or 128, 4 warps>, as ncu names the
     # kernel): Q_i, K_j and V_j in shared memory, 255 registers; query tiles in ascending order.
