@@ -198,18 +198,22 @@ def test_validation_records_match_the_model_and_the_docs():
     from simflash.model.calibration import markdown
 
     root = Path(__file__).resolve().parents[1]
-    report = json.loads((root / "benchmarks/gpu/physical_validation.json").read_text())
-    assert markdown(report) in (root / "docs/physical.md").read_text()
-    quick = [r for r in report["rows"] if r["config"]["n"] * r["config"]["heads"] <= 8192 and not r["config"]["causal"]]
-    assert len(quick) >= 10
-    for row in quick[:12]:
+    reports = [json.loads((root / "benchmarks/gpu" / name).read_text())
+               for name in ("physical_validation.json", "physical_validation_unseen.json")]
+    docs = (root / "docs/physical.md").read_text()
+    assert all(markdown(report) in docs for report in reports)
+    assert {row["subset"] for row in reports[1]["rows"]} == {"validation"}
+    quick = [r for report in reports for r in report["rows"]
+             if r["config"]["n"] * r["config"]["heads"] <= 8192 and not r["config"]["causal"]]
+    assert len(quick) >= 20
+    for row in quick[::len(quick) // 12]:
         c = row["config"]
         algorithm = "naive" if c["algorithm"] == "naive" else "fa2"
         kernel = {"naive": "simflash", "fa2": "simflash", "sdpa_flash": "sdpa_flash"}[c["algorithm"]]
         p = predict(algorithm, c["n"], c["d"], heads=c["heads"], causal=c["causal"], cache=row["cache"],
                     kernel=kernel).kernel(row["kernel"])
-        assert (p.dram_read_bytes, p.dram_write_bytes) == (row["predicted"]["dram_read_bytes"],
-                                                           row["predicted"]["dram_write_bytes"])
+        assert (p.dram_read_bytes, p.dram_write_bytes, p.time_s) == (
+            row["predicted"]["dram_read_bytes"], row["predicted"]["dram_write_bytes"], row["predicted"]["time_s"])
 
 
 @pytest.mark.parametrize("slots", [1, 3])
