@@ -56,50 +56,48 @@ def _config(algorithm: str, n: int, heads: int, d: int = 128, causal: bool = Fal
     return {"algorithm": algorithm, "n": n, "heads": heads, "d": d, "causal": causal, "block_q": 128, "block_kv": 64}
 
 
-def sweep_configs() -> list[dict]:
-    """Every configuration of the calibration sweep (the fit and the held-out rows are chosen later)."""
+def _sweep(naive_n: tuple[int, ...], s_mib: tuple[int, ...], naive_d64: tuple[tuple[int, int], ...],
+           flash_shapes: tuple[tuple[int, int], ...]) -> list[dict]:
+    """The naive path at each N with the head count giving about each size of S (within 30%), and at
+    d = 64 for the (N, heads) given; then our FA-2 kernel and SDPA flash at each (N, heads), d = 128 and
+    64, causal and not."""
     naive = []
-    for n in (256, 512, 1024, 2048, 4096, 8192):
+    for n in naive_n:
         per_head = n * n * 2
-        for target_mib in (1, 4, 12, 24, 32, 48, 64, 128, 256, 512):
+        for target_mib in s_mib:
             heads = round(target_mib * MiB / per_head)
             if heads >= 1 and abs(heads * per_head / MiB - target_mib) / target_mib < 0.3:
                 naive.append(_config("naive", n, heads))
-    naive += [_config("naive", n, heads, d=64) for n, heads in ((1024, 16), (2048, 4), (4096, 2), (4096, 8))]
-    flash = []
-    shapes = ((4096, 32), (4096, 96), (8192, 16), (8192, 64), (16384, 8), (16384, 32), (32768, 4), (32768, 24),
-              (65536, 2), (65536, 12), (131072, 1), (131072, 4))
-    for d in (128, 64):
-        for causal in (False, True):
-            for n, heads in shapes:
-                for algorithm in ("fa2", "sdpa_flash"):
-                    flash.append(_config(algorithm, n, heads, d, causal))
+    naive += [_config("naive", n, heads, d=64) for n, heads in naive_d64]
+    flash = [_config(algorithm, n, heads, d, causal) for d in (128, 64) for causal in (False, True)
+             for n, heads in flash_shapes for algorithm in ("fa2", "sdpa_flash")]
     return naive + flash
+
+
+def sweep_configs() -> list[dict]:
+    """Every configuration of the calibration sweep (the fit and the held-out rows are chosen later)."""
+    return _sweep((256, 512, 1024, 2048, 4096, 8192), (1, 4, 12, 24, 32, 48, 64, 128, 256, 512),
+                  ((1024, 16), (2048, 4), (4096, 2), (4096, 8)),
+                  ((4096, 32), (4096, 96), (8192, 16), (8192, 64), (16384, 8), (16384, 32), (32768, 4), (32768, 24),
+                   (65536, 2), (65536, 12), (131072, 1), (131072, 4)))
 
 
 def validation_configs() -> list[dict]:
     """A second sweep over the same regimes on configurations the calibration sweep does not hold (other
-    sequence lengths and head counts): measured after the model's figures were fixed, so every row of
-    it is unseen."""
-    naive = []
-    for n in (384, 768, 1536, 3072, 6144):
-        per_head = n * n * 2
-        for target_mib in (2, 8, 20, 40, 100, 300):
-            heads = round(target_mib * MiB / per_head)
-            if heads >= 1 and abs(heads * per_head / MiB - target_mib) / target_mib < 0.3:
-                naive.append(_config("naive", n, heads))
-    naive += [_config("naive", n, heads, d=64) for n, heads in ((768, 40), (1536, 12), (3072, 6))]
-    flash = []
-    shapes = ((6144, 48), (12288, 24), (24576, 6), (24576, 16), (49152, 3), (49152, 8), (98304, 2))
-    for d in (128, 64):
-        for causal in (False, True):
-            for n, heads in shapes:
-                for algorithm in ("fa2", "sdpa_flash"):
-                    flash.append(_config(algorithm, n, heads, d, causal))
-    return naive + flash
+    sequence lengths and head counts). The L2's capacity spread was chosen with it in view."""
+    return _sweep((384, 768, 1536, 3072, 6144), (2, 8, 20, 40, 100, 300), ((768, 40), (1536, 12), (3072, 6)),
+                  ((6144, 48), (12288, 24), (24576, 6), (24576, 16), (49152, 3), (49152, 8), (98304, 2)))
 
 
-SWEEPS = {"calibration": sweep_configs, "validation": validation_configs}
+def unseen_configs() -> list[dict]:
+    """A third sweep, on configurations neither of the others holds, measured after every figure of the
+    model was fixed: nothing in the model has seen it."""
+    return _sweep((320, 640, 1280, 2560, 5120), (3, 10, 30, 60, 150, 400), ((640, 56), (1280, 20), (2560, 8)),
+                  ((5120, 64), (10240, 20), (20480, 10), (20480, 24), (40960, 4), (40960, 12), (81920, 3),
+                   (114688, 1)))
+
+
+SWEEPS = {"calibration": sweep_configs, "validation": validation_configs, "unseen": unseen_configs}
 
 
 def split_groups(kernels: list[dict], configs: list[dict]) -> list[list[dict]]:

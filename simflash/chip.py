@@ -12,7 +12,7 @@ from collections.abc import Callable
 import attrs
 
 from simflash.config import GPUSpec
-from simflash.l2 import L2Cache
+from simflash.l2 import L2, L2Cache, L2Mixture
 from simflash.occupancy import occupancy
 
 
@@ -57,9 +57,15 @@ def resident_ctas(gpu: GPUSpec, profile: KernelProfile, block_q: int, block_kv: 
     return occ.cta_slots_per_sm * gpu.sm_count
 
 
-def l2_cache(gpu: GPUSpec) -> L2Cache:
-    """The L2 one kernel's stream sees: the fitted effective capacity and read-fill weight where the
-    machine file has them, the nameplate size (plain LRU) otherwise."""
+def l2_cache(gpu: GPUSpec) -> L2:
+    """The L2 one kernel's stream sees: the fitted effective capacity, read-fill weight and flush residue
+    where the machine file has them, the nameplate size (plain LRU) otherwise; with a capacity spread,
+    an equal mixture of LRU caches that much smaller and larger than the effective capacity."""
     capacity = gpu.calibration.get("l2_effective_bytes", gpu.l2_bytes)
-    return L2Cache(capacity, gpu.calibration.get("l2_read_fill_weight", 1.0),
-                   int(gpu.calibration.get("l2_flush_residue_bytes", 0)))
+    spread = gpu.calibration.get("l2_capacity_spread_bytes", 0.0)
+
+    def lru(size: float) -> L2Cache:
+        return L2Cache(size, gpu.calibration.get("l2_read_fill_weight", 1.0),
+                       int(gpu.calibration.get("l2_flush_residue_bytes", 0)))
+
+    return L2Mixture((lru(capacity - spread), lru(capacity + spread))) if spread else lru(capacity)

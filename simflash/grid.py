@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 import attrs
 
-from simflash.l2 import BlockKey, L2Cache
+from simflash.l2 import L2, BlockKey
 
 Schedule = Literal["sequential", "concurrent"]
 SCHEDULES: tuple[Schedule, ...] = ("sequential", "concurrent")
@@ -123,7 +123,7 @@ def lockstep(ctas: Iterable, slots: int, cta_of: Callable[[Any], CTA] = lambda c
         time += 1
 
 
-def run_programs(programs: Iterable[CTAProgram], slots: int, l2: L2Cache) -> int:
+def run_programs(programs: Iterable[CTAProgram], slots: int, l2: L2) -> int:
     """Play CTA programs through the L2; returns the kernel's makespan in time steps."""
     steps = 0
     for time, cohorts in lockstep(programs, slots, lambda p: p.cta):
@@ -133,7 +133,7 @@ def run_programs(programs: Iterable[CTAProgram], slots: int, l2: L2Cache) -> int
     return steps
 
 
-def _play_step(step: int, members: list[CTAProgram], only_streaming: bool, l2: L2Cache) -> None:
+def _play_step(step: int, members: list[CTAProgram], only_streaming: bool, l2: L2) -> None:
     if only_streaming:
         for access in members[0].stream(step):
             if access.write:
@@ -150,7 +150,7 @@ def _play_step(step: int, members: list[CTAProgram], only_streaming: bool, l2: L
             _play(program.epilogue, l2)
 
 
-def _play(accesses: Iterable[Access], l2: L2Cache) -> None:
+def _play(accesses: Iterable[Access], l2: L2) -> None:
     for access in accesses:
         if access.write:
             l2.write(access.key, access.nbytes)

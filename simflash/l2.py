@@ -151,3 +151,59 @@ class L2Cache:
             self._resident_cost -= cost
             if dirty:
                 self._flow(key[0])[2] += nbytes
+
+
+@attrs.define
+class L2Mixture:
+    """The L2 as an equal mixture of LRU caches of different capacities, each seeing every transfer; its
+    DRAM bytes are their mean. One effective capacity makes reuse all or nothing: data reused at a
+    distance just under it always hits, just over it always misses. The real L2 (hashed sets, two
+    partitions, CTAs that drift) keeps a share of it; averaging caches a little smaller and a little
+    larger than the centre gives that share (half, for data reused between the two)."""
+
+    caches: tuple[L2Cache, ...]
+
+    @property
+    def capacity_bytes(self) -> float:
+        return sum(c.capacity_bytes for c in self.caches) / len(self.caches)
+
+    @property
+    def kernel(self) -> str | None:
+        return self.caches[0].kernel
+
+    @kernel.setter
+    def kernel(self, name: str | None) -> None:
+        for cache in self.caches:
+            cache.kernel = name
+
+    def read(self, key: BlockKey, nbytes: int, count: int = 1) -> None:
+        for cache in self.caches:
+            cache.read(key, nbytes, count)
+
+    def write(self, key: BlockKey, nbytes: int) -> None:
+        for cache in self.caches:
+            cache.write(key, nbytes)
+
+    def end_kernel(self) -> None:
+        for cache in self.caches:
+            cache.end_kernel()
+
+    def flush(self, residue: bool = False) -> None:
+        for cache in self.caches:
+            cache.flush(residue)
+
+    def traffic(self) -> PhysicalTraffic:
+        """The caches' mean flows (bytes floored); the logical bytes are every cache's, so hits are the
+        logical reads less the mean DRAM reads."""
+        ledgers = [cache.traffic().ledger for cache in self.caches]
+        mean = {}
+        for key, first in ledgers[0].items():
+            flows = [ledger[key] for ledger in ledgers]
+            dram_read = sum(f.dram_read_bytes for f in flows) // len(flows)
+            mean[key] = L2Flow(first.read_bytes - dram_read, dram_read,
+                               sum(f.dram_write_bytes for f in flows) // len(flows),
+                               sum(f.dirty_at_end_bytes for f in flows) // len(flows), first.write_bytes)
+        return PhysicalTraffic(mean)
+
+
+L2 = L2Cache | L2Mixture  # what the grid runner, the HBM and the models pass transfers to

@@ -29,7 +29,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from simflash.config import KiB, STATE_DTYPE
-from simflash.l2 import L2Cache
+from simflash.l2 import L2
 
 LedgerKey = tuple[str, str]  # (kernel, tensor)
 
@@ -190,7 +190,7 @@ class HBM:
     _written: dict[LedgerKey, int] = attrs.field(factory=dict)
     _kernel: str | None = None
     log: EventLog | None = None
-    l2: L2Cache | None = None  # when set, every transfer also passes through this L2
+    l2: L2 | None = None  # when set, every transfer also passes through this L2
 
     def place(self, name: str, values: np.ndarray, dtype: np.dtype) -> None:
         """Put an input in HBM before any kernel runs (rounded to `dtype`; not kernel traffic)."""
@@ -552,7 +552,7 @@ class SimulatedGPU:
 
     @classmethod
     def build(cls, sram_bytes: int, record_events: bool = False, register_bytes: int | None = None,
-              l2: L2Cache | None = None) -> SimulatedGPU:
+              l2: L2 | None = None) -> SimulatedGPU:
         log = EventLog() if record_events else None
         return cls(HBM(log=log, l2=l2), SRAM(sram_bytes, log, register_bytes), Compute(log=log), log)
 

@@ -4,8 +4,9 @@ The sweep (`simflash gpu calibrate`, results in benchmarks/gpu/calibration_{cold
 measured every kernel of the naive path, simflash's FA-2 kernel and PyTorch SDPA's FA-2 kernel. Each
 configuration is assigned once and for all to the fit set (every third configuration of the sweep, in
 its order) or to the held-out set (the rest, which no fitted figure has seen). A second sweep
-(`--sweep validation`, benchmarks/gpu/validation_*.json) measured other configurations after the
-model was fixed: all of its rows are unseen. A kernel row passes when
+(`--sweep validation`, benchmarks/gpu/validation_*.json) measured other configurations; the L2's
+capacity spread was chosen with it in view. A third (`--sweep unseen`) measured still others after
+every figure was fixed. A kernel row passes when
 the predicted DRAM bytes are within 10% (or 1 MiB, whichever is larger) of the measured ones.
 """
 
@@ -29,12 +30,14 @@ FIT_EVERY = 3  # configuration k of the sweep is in the fit set when k % FIT_EVE
 KERNEL_OF = {"fa2": "simflash", "sdpa_flash": "sdpa_flash", "naive": "simflash"}
 
 
-SWEEPS = ("calibration", "validation")
+SWEEPS = ("calibration", "validation", "unseen")
+REPORTS = {"calibration": "physical_validation.json", "validation": "physical_validation_second_sweep.json",
+           "unseen": "physical_validation_unseen.json"}  # benchmarks/gpu/, by sweep
 
 
 def _subset(sweep: str, index: int) -> str:
-    if sweep == "validation":
-        return "validation"
+    if sweep != "calibration":
+        return sweep
     return "fit" if index % FIT_EVERY == 0 else "held-out"
 
 
@@ -47,7 +50,7 @@ class Comparison:
     """One kernel of one measured configuration, predicted and measured."""
 
     index: int  # the configuration's position in the sweep
-    subset: str  # "fit" or "held-out" (calibration sweep), or "validation" (the validation sweep: all unseen)
+    subset: str  # "fit" or "held-out" (calibration sweep), or the other sweeps' names (all their rows)
     cache: str
     implementation: str  # naive, fa2 (simflash's kernel) or sdpa_flash
     config: dict
@@ -167,9 +170,8 @@ def validate(folder: Path, gpu: GPUSpec | str = "H200", sweep: str = "calibratio
     folder = Path(folder)
     times = load(folder / f"{sweep}_time.json")
     rows = [c for mode in ("cold", "warm") for c in compare(load(folder / f"{sweep}_{mode}.json"), gpu, times, sweep=sweep)]
-    save = "physical_validation.json" if sweep == "calibration" else "physical_validation_unseen.json"
     return {
-        "command": f"simflash physical-validate benchmarks/gpu --sweep {sweep} --save benchmarks/gpu/{save}",
+        "command": f"simflash physical-validate benchmarks/gpu --sweep {sweep} --save benchmarks/gpu/{REPORTS[sweep]}",
         "calibration": "the [calibration] table of the GPU's machine file",
         "summary": summary(rows),
         "rows": [{"index": r.index, "subset": r.subset, "cache": r.cache, "implementation": r.implementation,

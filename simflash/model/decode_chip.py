@@ -38,7 +38,7 @@ from simflash.algorithms.flash_decoding_split import split_grid
 from simflash.chip import KernelProfile, l2_cache, resident_ctas
 from simflash.config import STATE_DTYPE, GPUSpec, check_bool, gpu_spec, storage_dtype
 from simflash.grid import CTA, Access, CTAProgram, kv_head, run_programs
-from simflash.l2 import L2Cache, L2Flow
+from simflash.l2 import L2, L2Flow
 from simflash.model.decode import SPLIT_BLOCK_Q, num_splits_heuristic
 from simflash.model.physical import CACHE_MODES
 from simflash.model.traffic import head_groups
@@ -175,7 +175,7 @@ def predict_decode_dram(
                                               for at, launch in enumerate(launches)))
 
 
-def _play(l2: L2Cache, cache: str, kernel: str, programs: list[CTAProgram], slots: int, first: bool
+def _play(l2: L2, cache: str, kernel: str, programs: list[CTAProgram], slots: int, first: bool
           ) -> DecodeKernelDram:
     if cache == "cold" or first:
         l2.flush()

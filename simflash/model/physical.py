@@ -27,7 +27,7 @@ from simflash.algorithms.naive import naive_grid, naive_program, stored_per_row
 from simflash.chip import kernel_profile, l2_cache, resident_ctas
 from simflash.config import GPUSpec, check_causal_variant, check_positive_int, gpu_spec, storage_dtype
 from simflash.grid import run_programs
-from simflash.l2 import L2Cache, L2Flow
+from simflash.l2 import L2, L2Flow
 from simflash.schedule import TileSchedule
 
 ALGORITHMS = ("naive", "fa2")
@@ -113,7 +113,7 @@ def predict(
     return PhysicalPrediction(config, (_prediction(spec, fa2.kernel, flow, steps * per_step, len(ctas), slots, steps),))
 
 
-def _naive(spec, l2: L2Cache, n, n_kv, d, heads, causal, causal_variant, itemsize, cache):
+def _naive(spec, l2: L2, n, n_kv, d, heads, causal, causal_variant, itemsize, cache):
     sched = TileSchedule(n, n_kv, n, n_kv, causal=causal, causal_variant=causal_variant)
     ctas = naive_grid(sched, heads, itemsize)
     stored = int(stored_per_row(sched).sum()) * heads
