@@ -197,12 +197,13 @@ class L2Mixture:
         logical reads less the mean DRAM reads."""
         ledgers = [cache.traffic().ledger for cache in self.caches]
         mean = {}
-        for key, first in ledgers[0].items():
-            flows = [ledger[key] for ledger in ledgers]
+        for key in dict.fromkeys(key for ledger in ledgers for key in ledger):
+            # a tensor the SMs touched has a flow in every cache; the flush residue only where it was evicted
+            flows = [ledger.get(key, L2Flow()) for ledger in ledgers]
+            read, written = max(f.read_bytes for f in flows), max(f.write_bytes for f in flows)
             dram_read = sum(f.dram_read_bytes for f in flows) // len(flows)
-            mean[key] = L2Flow(first.read_bytes - dram_read, dram_read,
-                               sum(f.dram_write_bytes for f in flows) // len(flows),
-                               sum(f.dirty_at_end_bytes for f in flows) // len(flows), first.write_bytes)
+            mean[key] = L2Flow(read - dram_read, dram_read, sum(f.dram_write_bytes for f in flows) // len(flows),
+                               sum(f.dirty_at_end_bytes for f in flows) // len(flows), written)
         return PhysicalTraffic(mean)
 
 
