@@ -19,6 +19,9 @@ waiting to be written back when the kernel starts (measured on an H200: a read-o
 48 MiB write shows 2.3 MiB of DRAM writes, benchmarks/gpu/write_sources.json). `flush(residue=True)`
 leaves them as one dirty block at the least-recently-used end: the kernel's own fills evict it, and
 its write-back counts against the kernel, under the tensor name RESIDUE.
+
+`L2Mixture` runs several such caches side by side, of capacities either side of the effective one,
+and reports their mean: reuse at a distance between them is kept in part, not all or nothing.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 import simflash as sf
 from simflash.config import MiB
-from simflash.l2 import RESIDUE, L2Cache
+from simflash.l2 import RESIDUE, L2Cache, L2Mixture
 from simflash.model.physical import predict
 
 
@@ -52,6 +52,24 @@ def test_read_fill_weight_lets_dirty_blocks_stay():
     plain.write(("S", 0, 0), 80)
     plain.read(("P", 0, 0), 30)
     assert plain.traffic().ledger["k", "S"].dram_write_bytes == 80
+
+
+def test_a_mixture_keeps_data_reused_between_its_capacities_half_the_time():
+    """A stream of 100 bytes read twice: caches of 90 and 110 bytes miss and hit the second pass; their
+    mixture reads half of it again. The logical bytes are every cache's; the flush residue is carried
+    where only one cache wrote it back."""
+    mixture = L2Mixture((L2Cache(90, flush_residue_bytes=6), L2Cache(110, flush_residue_bytes=6)))
+    mixture.flush(residue=True)
+    mixture.kernel = "k"
+    for _ in range(2):
+        for block in range(10):
+            mixture.read(("K", 0, block), 10)
+    mixture.end_kernel()
+    flows = mixture.traffic().ledger
+    assert flows["k", "K"].dram_read_bytes == (200 + 100) // 2 and flows["k", "K"].read_bytes == 200
+    assert flows["k", "K"].hit_bytes == 200 - 150
+    assert flows["k", RESIDUE].dram_write_bytes == 6 // 2  # the 90-byte cache evicted it, the 110-byte one did not
+    assert mixture.capacity_bytes == 100
 
 
 def test_a_cold_flush_leaves_its_residue_for_the_next_kernel_to_write_back():
@@ -191,18 +209,19 @@ def test_predict_refuses_bad_input():
 
 
 def test_validation_records_match_the_model_and_the_docs():
-    """The committed validation report is what the model predicts now, and the docs show its table."""
+    """The committed validation reports (the three sweeps) are what the model predicts now, and the docs
+    show their tables."""
     import json
     from pathlib import Path
 
-    from simflash.model.calibration import markdown
+    from simflash.model.calibration import REPORTS, markdown
 
     root = Path(__file__).resolve().parents[1]
-    reports = [json.loads((root / "benchmarks/gpu" / name).read_text())
-               for name in ("physical_validation.json", "physical_validation_unseen.json")]
+    reports = [json.loads((root / "benchmarks/gpu" / name).read_text()) for name in REPORTS.values()]
     docs = (root / "docs/physical.md").read_text()
     assert all(markdown(report) in docs for report in reports)
-    assert {row["subset"] for row in reports[1]["rows"]} == {"validation"}
+    assert [{row["subset"] for row in report["rows"]} for report in reports] == [
+        {"fit", "held-out"}, {"validation"}, {"unseen"}]
     quick = [r for report in reports for r in report["rows"]
              if r["config"]["n"] * r["config"]["heads"] <= 8192 and not r["config"]["causal"]]
     assert len(quick) >= 20

@@ -124,6 +124,7 @@ def fit_naive_time(measurement: dict, gpu: GPUSpec | str = "H200") -> dict[str, 
         out = []
         for kernel, k, gemm_flops, exps, n_rows, _ in rows:
             dram = (k.dram_read_bytes + k.dram_write_bytes) / hbm
+            terms: tuple[float, ...]
             if kernel == "softmax":
                 terms = (dram + n_rows * per_row, exps / spec.sfu_ops_per_s)
             else:
