@@ -3,6 +3,7 @@ traceback (simflash.commands.guard_app wraps every command); and the API refuses
 
 import json
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,6 +11,8 @@ from typer.testing import CliRunner
 
 import simflash as sf
 from simflash.cli import app
+
+REPO = Path(__file__).resolve().parents[1]
 
 runner = CliRunner()
 
@@ -224,13 +227,23 @@ def test_masked_entries_never_stored_are_not_counted_as_overflow(qkv, monkeypatc
     (["sweep", "--n", "1024,2048"], {"vs_n", "vs_sram"}),
     (["report", "document_qa"], {"ttft_ms", "baseline_bytes", "flash_bytes"}),
     (["gpu", "report", "benchmarks/gpu"], {"bench"}),
-    (["physical-validate", "benchmarks/gpu"], set()),
 ])
 def test_table_commands_print_json(args, keys):
     result = runner.invoke(app, [*args, "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert keys <= set(data), sorted(data)
+
+
+def test_physical_validate_prints_json(tmp_path):
+    """On the unseen sweep's first configurations (the whole sweep takes minutes to predict)."""
+    for mode in ("cold", "warm", "time"):
+        sweep = json.loads((REPO / "benchmarks" / "gpu" / f"unseen_{mode}.json").read_text())
+        (tmp_path / f"unseen_{mode}.json").write_text(json.dumps({**sweep, "configs": sweep["configs"][:4]}))
+    result = runner.invoke(app, ["physical-validate", str(tmp_path), "--sweep", "unseen", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert {row["subset"] for row in data["rows"]} == {"unseen"} and len(data["rows"]) == 2 * 4 * 3
 
 
 def test_scopes_json_matches_the_report():
