@@ -23,7 +23,8 @@ from scipy.optimize import least_squares
 
 from simflash.algorithms.naive import stored_per_row
 from simflash.config import MiB, GPUSpec, gpu_spec
-from simflash.model.physical import predict
+from simflash.l2 import L2Flow
+from simflash.model.physical import naive_seconds, predict
 from simflash.schedule import TileSchedule
 
 FIT_EVERY = 3  # configuration k of the sweep is in the fit set when k % FIT_EVERY == 0
@@ -106,7 +107,7 @@ def fit_naive_time(measurement: dict, gpu: GPUSpec | str = "H200") -> dict[str, 
     fit set's naive rows: least squares on log time, with each kernel's DRAM bytes as the L2 model
     predicts them (so the figures hold for predicted, not measured, bytes)."""
     spec = gpu if isinstance(gpu, GPUSpec) else gpu_spec(gpu)
-    rows = []  # (kernel, predicted KernelPrediction, GEMM FLOPs, softmax rows, measured seconds)
+    rows = []  # (kernel, its L2 flow as predicted, GEMM FLOPs, exponentials, softmax rows, measured seconds)
     for index, entry in enumerate(measurement["configs"]):
         c = entry["config"]
         if c["algorithm"] != "naive" or index % FIT_EVERY != 0:
@@ -115,22 +116,17 @@ def fit_naive_time(measurement: dict, gpu: GPUSpec | str = "H200") -> dict[str, 
                              cache=measurement["cache"])
         stored = c["heads"] * int(stored_per_row(TileSchedule(c["n"], c["n"], c["n"], c["n"], causal=c["causal"])).sum())
         for row in entry["kernels"]:
-            rows.append((row["kernel"], prediction.kernel(row["kernel"]), 2 * stored * c["d"], stored,
-                         c["heads"] * c["n"], row["time_s"]))
+            k = prediction.kernel(row["kernel"])
+            flow = L2Flow(k.l2_hit_bytes, k.dram_read_bytes, k.dram_write_bytes, k.dirty_at_end_bytes,
+                          k.logical_write_bytes)
+            rows.append((row["kernel"], flow, 2 * stored * c["d"], stored, c["heads"] * c["n"], row["time_s"]))
     scales = np.array([1e-6, 1e12, 1e12, 1e12, 1e-9])  # the unknowns in µs, TB/s, TFLOP/s, TB/s, ns
 
     def seconds(x: np.ndarray) -> np.ndarray:
-        launch, hbm, flops, l2, per_row = x * scales
-        out = []
-        for kernel, k, gemm_flops, exps, n_rows, _ in rows:
-            dram = (k.dram_read_bytes + k.dram_write_bytes) / hbm
-            terms: tuple[float, ...]
-            if kernel == "softmax":
-                terms = (dram + n_rows * per_row, exps / spec.sfu_ops_per_s)
-            else:
-                terms = (gemm_flops / flops, dram, (k.logical_read_bytes + k.logical_write_bytes) / l2)
-            out.append(launch + max(terms))
-        return np.array(out)
+        figures = dict(zip(NAIVE_TIME_KEYS, (float(v) for v in x * scales)))
+        trial = attrs.evolve(spec, calibration={**spec.calibration, **figures})
+        return np.array([figures["naive_launch_seconds"] + max(naive_seconds(trial, kernel, flow, flops, n_rows, exps).values())
+                         for kernel, flow, flops, exps, n_rows, _ in rows])
 
     measured = np.array([r[-1] for r in rows])
     fit = least_squares(lambda x: np.log(seconds(x) / measured), x0=[3.0, 3.0, 400.0, 5.0, 1.0],

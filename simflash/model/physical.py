@@ -14,7 +14,7 @@ Time, per kernel: the larger of
 The naive path's GEMMs and softmax are library-style kernels with their own grids (`naive_seconds`):
 a GEMM is a roofline at its achieved rates, the softmax streams at the achieved HBM bandwidth and
 pays a fixed cost per row (one CTA per row). Fitted figures live in the machine file's
-[calibration] table (`simflash physical --validate` says how well they hold on unseen configurations).
+[calibration] table (`simflash physical-validate` says how well they hold on configurations they never saw).
 """
 
 from __future__ import annotations
