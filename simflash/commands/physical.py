@@ -168,11 +168,9 @@ def validate(
                                                          "the Markdown tables.")] = False,
 ) -> None:
     """Predict every kernel of a measured sweep and compare with ncu: the calibration sweep's fit and
-    held-out sets, or the validation sweep."""
-    from simflash.model.calibration import markdown
+    held-out sets, or every row of another sweep."""
+    from simflash.model.calibration import SWEEPS, markdown
     from simflash.model.calibration import validate as run_validation
-
-    from simflash.model.calibration import SWEEPS
 
     with user_errors():
         sweep = _choice("sweep", sweep, SWEEPS)

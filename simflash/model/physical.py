@@ -110,7 +110,8 @@ def predict(
     l2.end_kernel()
     flow = l2.traffic().by_kernel[fa2.kernel]
     per_step = _flash_step_seconds(spec, kernel, block_q, block_kv, d, slots // spec.sm_count)
-    return PhysicalPrediction(config, (_prediction(spec, fa2.kernel, flow, steps * per_step, len(ctas), slots, steps),))
+    terms = _flash_seconds(spec, flow, steps * per_step)
+    return PhysicalPrediction(config, (_prediction(fa2.kernel, flow, terms, LAUNCH_SECONDS, len(ctas), slots, steps),))
 
 
 def _naive(spec, l2: L2, n, n_kv, d, heads, causal, causal_variant, itemsize, cache):
@@ -125,8 +126,9 @@ def _naive(spec, l2: L2, n, n_kv, d, heads, causal, causal_variant, itemsize, ca
         steps = run_programs((naive_program(kernel, sched, cta, d, itemsize) for cta in ctas), 1, l2)
         l2.end_kernel()
         flow = l2.traffic().by_kernel[kernel]
-        seconds = naive_seconds(spec, kernel, flow, gemm_flops=2 * stored * d, rows=heads * n, exps=stored)
-        predictions.append(_prediction(spec, kernel, flow, seconds, heads, 1, steps))
+        terms = naive_seconds(spec, kernel, flow, gemm_flops=2 * stored * d, rows=heads * n, exps=stored)
+        launch = spec.calibration.get("naive_launch_seconds", LAUNCH_SECONDS)
+        predictions.append(_prediction(kernel, flow, terms, launch, heads, 1, steps))
     return tuple(predictions)
 
 
@@ -159,23 +161,21 @@ def dram_seconds(nbytes: int, bytes_per_s: float) -> float:
     return nbytes / bytes_per_s
 
 
-def _prediction(spec: GPUSpec, kernel: str, flow: L2Flow, compute: float | dict[str, float], ctas: int, slots: int,
+def _flash_seconds(spec: GPUSpec, flow: L2Flow, compute_s: float) -> dict[str, float]:
+    """The FA-2 kernel's terms: the lock-step compute, its DRAM bytes at the achieved HBM bandwidth, its
+    logical bytes at the L2's."""
+    hbm = spec.hbm_bytes_per_s * spec.calibration.get("hbm_efficiency", 1.0)
+    return {"compute": compute_s, "dram": dram_seconds(flow.dram_read_bytes + flow.dram_write_bytes, hbm),
+            "l2": (flow.read_bytes + flow.write_bytes) / spec.l2_bytes_per_s}
+
+
+def _prediction(kernel: str, flow: L2Flow, terms: dict[str, float], launch_s: float, ctas: int, slots: int,
                 steps: int) -> KernelPrediction:
-    """compute: the FA-2 kernel's compute seconds (DRAM and L2 terms added here), or a naive kernel's terms."""
-    if isinstance(compute, dict):
-        terms, launch = compute, spec.calibration.get("naive_launch_seconds", LAUNCH_SECONDS)
-    else:
-        hbm = spec.hbm_bytes_per_s * spec.calibration.get("hbm_efficiency", 1.0)
-        terms = {
-            "compute": compute,
-            "dram": dram_seconds(flow.dram_read_bytes + flow.dram_write_bytes, hbm),
-            "l2": (flow.read_bytes + flow.write_bytes) / spec.l2_bytes_per_s,
-        }
-        launch = LAUNCH_SECONDS
+    """The kernel's time is its largest term plus the launch."""
     bound = max(terms, key=terms.__getitem__)
     return KernelPrediction(
         kernel=kernel, logical_read_bytes=flow.read_bytes, logical_write_bytes=flow.write_bytes,
         l2_hit_bytes=flow.hit_bytes, dram_read_bytes=flow.dram_read_bytes, dram_write_bytes=flow.dram_write_bytes,
-        dirty_at_end_bytes=flow.dirty_at_end_bytes, time_s=terms[bound] + launch, bound=bound,
+        dirty_at_end_bytes=flow.dirty_at_end_bytes, time_s=terms[bound] + launch_s, bound=bound,
         ctas=ctas, resident_ctas=slots, makespan_steps=steps,
     )
