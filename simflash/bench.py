@@ -21,13 +21,15 @@ import numpy as np
 
 import simflash as sf
 from simflash.config import STATE_DTYPE, StorageDtypeName, storage_dtype
+from simflash.numerics import round_to_storage
 
 
 def bare_tiled_attention(Q, K, V, block_q: int, block_kv: int, scale: float) -> np.ndarray:
     """FA-2's tiled loop in plain NumPy, one head, no causal mask: the simulator's math, no ledger.
 
-    The inputs are converted to float32 once, up front, and tiles are views: the fastest natural way
-    to write it by hand.
+    The inputs are converted to float32 once, up front, tiles are views, and P is rounded to the storage
+    dtype with the simulator's `round_to_storage` (NumPy's float16 cast is an element-by-element loop):
+    the fastest natural way to write it by hand.
     """
     storage = Q.dtype
     n_q, d = Q.shape
@@ -47,7 +49,7 @@ def bare_tiled_attention(Q, K, V, block_q: int, block_kv: int, scale: float) -> 
             alpha = np.exp(m_i - m_base)
             P_ij = np.exp(S_ij - m_base[:, None])
             l_i = alpha * l_i + P_ij.sum(axis=1)
-            a_i = alpha[:, None] * a_i + P_ij.astype(storage).astype(STATE_DTYPE) @ V_j
+            a_i = alpha[:, None] * a_i + round_to_storage(P_ij, storage) @ V_j
             m_i = m_new
         O[r0:r0 + block_q] = np.divide(a_i, l_i[:, None], out=np.zeros_like(a_i), where=l_i[:, None] > 0)
     return O

@@ -50,6 +50,8 @@ def _basic_index(tensor: str, index: object) -> tuple:
     """`index` as a tuple of ints, slices and Ellipsis, or a TypeError naming the argument."""
     index = index if isinstance(index, tuple) else (index,)
     for position, item in enumerate(index):
+        if type(item) is slice or type(item) is int:  # what tiled kernels pass for every tile: checked first
+            continue
         basic = item is Ellipsis or isinstance(item, slice) or (
             isinstance(item, (int, np.integer)) and not isinstance(item, (bool, np.bool_)))
         if not basic:
@@ -353,6 +355,13 @@ class TiledHBM:
     def tiled_view(self) -> TiledHBM:
         return self
 
+    # What `sram.load` calls for every tile, passed through without __getattr__'s lookup
+    def _fetch(self, tensor: str, index: tuple = (...,)) -> np.ndarray:
+        return self._hbm._fetch(tensor, index)
+
+    def itemsize(self, tensor: str) -> int:
+        return self._hbm.itemsize(tensor)
+
     def read(self, tensor: str, index: tuple = (...,)) -> np.ndarray:
         raise DirectReadError(
             f"hbm.read({tensor!r}, ...) inside a tiled kernel's CTA: the tile would land on chip without "
@@ -397,6 +406,7 @@ class OnChipScope:
     log: EventLog | None = None
     advice: str = "choose smaller block_q/block_kv or a larger sram_bytes"  # what to do on overflow
     _live: dict[str, int] = attrs.field(factory=dict)
+    _live_bytes: int = attrs.field(default=0, init=False)  # sum of _live's values, kept as buffers come and go
     _peak_bytes: int = 0
     _peak_by_buffer: dict[str, int] = attrs.field(factory=dict)
 
@@ -406,7 +416,8 @@ class OnChipScope:
                 f"buffer {buffer!r} is already held in {self.name} ({self._live[buffer]} bytes): free it "
                 f"before holding it again, or give the second one its own name")
         self._live[buffer] = nbytes
-        live_bytes = self.live_bytes
+        self._live_bytes += nbytes
+        live_bytes = self._live_bytes
         if self.capacity_bytes is not None and live_bytes > self.capacity_bytes:
             held = ", ".join(f"{b} {n / KiB:g} KiB" for b, n in self._live.items())
             raise SRAMOverflowError(
@@ -424,6 +435,7 @@ class OnChipScope:
                 f"cannot free buffer {buffer!r}: {self.name} does not hold it "
                 f"(held: {', '.join(self._live) or 'nothing'})")
         nbytes = self._live.pop(buffer)
+        self._live_bytes -= nbytes
         if self.log is not None:
             self.log.add("release", buffer, nbytes, self.name)
 
@@ -432,7 +444,7 @@ class OnChipScope:
 
     @property
     def live_bytes(self) -> int:
-        return sum(self._live.values())
+        return self._live_bytes
 
     def statistics(self) -> ScopeStats:
         return ScopeStats(self.name, self.capacity_bytes, self._peak_bytes, dict(self._peak_by_buffer))
@@ -487,13 +499,15 @@ class SRAM:
 
     def free(self, *buffers: str) -> None:
         for buffer in buffers:
-            if not (self.shared.holds(buffer) or self.registers.holds(buffer)):
+            if self.shared.holds(buffer):
+                self.shared.release(buffer)
+            elif self.registers.holds(buffer):
+                self.registers.release(buffer)
+            else:
                 held = [*self.shared._live, *self.registers._live]
                 raise OnChipBufferError(
                     f"cannot free buffer {buffer!r}: it is not held in shared memory or registers "
                     f"(held: {', '.join(held) or 'nothing'})")
-            scope = self.shared if self.shared.holds(buffer) else self.registers
-            scope.release(buffer)
 
     @staticmethod
     def _check_free(buffer: str, other: OnChipScope) -> None:

@@ -127,6 +127,8 @@ class TileSchedule:
     def tile_kind(self, i: int, j: int) -> TileKind:
         if not (0 <= i < self.n_q_tiles and 0 <= j < self.n_kv_tiles):
             raise IndexError(f"tile (i={i}, j={j}) is outside the {self.n_q_tiles} x {self.n_kv_tiles} grid")
+        if not self.masks:  # no mask: every tile visited whole (checked first, as kernels ask for every tile)
+            return "full"
         if j not in self.kv_range(i):
             return "skipped"
         # Full when the first row sees the tile's last column and the last row its first column.

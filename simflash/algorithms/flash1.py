@@ -36,6 +36,7 @@ from simflash.algorithms.online_softmax import exp_minus, masked_scores
 from simflash.config import STATE_DTYPE
 from simflash.grid import CTA, kv_head
 from simflash.memory import HBM, SimulatedGPU
+from simflash.numerics import round_to_storage
 from simflash.schedule import TileSchedule
 from simflash.trace import TileStep, TraceRequest
 
@@ -126,7 +127,7 @@ def flash1_cta(
 
             # -- O_i <- diag(l_new)^-1 (diag(l_i) e^(m_i - m_new) O_i + e^(m~_ij - m_new) P~_ij V_j) (line 12);
             #    P~_ij rounded to the storage dtype, as tensor cores take it; a row that saw no key stays 0
-            PV = compute.matmul(P_tile.astype(storage).astype(STATE_DTYPE), V_j)  # (B_r, d)
+            PV = compute.matmul(round_to_storage(P_tile, storage), V_j)  # (B_r, d)
             numerator = l_scaled[:, None] * O_i + beta[:, None] * PV  # (B_r, d)
             O_new = np.divide(numerator, l_new[:, None], out=np.zeros_like(numerator), where=l_new[:, None] > 0)
             compute.elementwise(

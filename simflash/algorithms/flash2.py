@@ -17,10 +17,11 @@ from collections.abc import Generator, Iterable, Iterator
 
 import numpy as np
 
-from simflash.algorithms.online_softmax import exp_minus, masked_scores
+from simflash.algorithms.online_softmax import exp_base, masked_scores
 from simflash.config import STATE_DTYPE
 from simflash.grid import CTA, Access, CTAProgram, block_key, kv_head
 from simflash.memory import SRAM, SimulatedGPU
+from simflash.numerics import round_to_storage
 from simflash.onchip import DEFAULT_KV_STAGES, DEFAULT_P_REGISTERS
 from simflash.schedule import TileSchedule
 from simflash.trace import TileStep, TraceRequest
@@ -129,13 +130,14 @@ def fold_kv_tiles(gpu: SimulatedGPU, sched: TileSchedule, scale: float, trace: T
 
         # -- update m_i and l_i
         m_new = np.maximum(m_i, S_ij.max(axis=1))  # (B_r,)
-        alpha = exp_minus(m_i, m_new)  # (B_r,) moves the old state onto the new max
-        P_ij = exp_minus(S_ij, m_new)  # (B_r, B_c)
+        base = exp_base(m_new)  # (B_r,) exp_minus's guarded m_new, computed once for alpha and P_ij
+        alpha = np.exp(m_i - base)  # (B_r,) moves the old state onto the new max
+        P_ij = np.exp(S_ij - base[:, None])  # (B_r, B_c)
         l_i = alpha * l_i + P_ij.sum(axis=1)  # (B_r,)
         compute.elementwise(exp=P_ij.size + B_r, fp32=5 * P_ij.size + B_r * d)
 
         # -- update the accumulator (P_ij rounded to the storage dtype, as tensor cores take it)
-        P_ij = P_ij.astype(storage).astype(STATE_DTYPE)
+        P_ij = round_to_storage(P_ij, storage)
         if p_registers == "own":  # P_i,j-1 was held beside S_ij; now P_ij takes its place
             if t > 0:
                 sram.free("P_ij")

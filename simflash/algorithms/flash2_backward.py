@@ -36,6 +36,7 @@ from simflash.algorithms.online_softmax import masked_scores
 from simflash.config import STATE_DTYPE
 from simflash.grid import kv_head
 from simflash.memory import SimulatedGPU
+from simflash.numerics import round_to_storage
 from simflash.schedule import TileSchedule
 from simflash.trace_backward_step import BackwardStep
 
@@ -87,13 +88,13 @@ def flash2_backward_cta(
         compute.elementwise(exp=P_ij.size, fp32=2 * P_ij.size)  # scale, subtract L
 
         # -- dV_j += P_ij^T dO_i
-        dV_j += compute.matmul(P_ij.astype(storage).astype(STATE_DTYPE).T, dO_i)  # (B_c, d)
+        dV_j += compute.matmul(round_to_storage(P_ij, storage).T, dO_i)  # (B_c, d)
 
         # -- dS_ij = P_ij o (dP_ij - D_i): the softmax's Jacobian applied to dP_ij
         dP_ij = compute.matmul(dO_i, V_j.T)  # (B_r, B_c)
         dS_ij = P_ij * (dP_ij - D_i[:, None])  # (B_r, B_c)
         compute.elementwise(fp32=2 * dS_ij.size)
-        dS_ij = dS_ij.astype(storage).astype(STATE_DTYPE)
+        dS_ij = round_to_storage(dS_ij, storage)
 
         # -- dQ_i += scale dS_ij K_j, by atomic adds into float32 dQ_accum
         sram.registers.hold("dQ_ij", B_r * d * STATE_DTYPE.itemsize)

@@ -23,7 +23,12 @@ def masked_scores(compute: Compute, Q_i: np.ndarray, K_j: np.ndarray, scale: flo
     return S_ij, masked
 
 
+def exp_base(m: np.ndarray) -> np.ndarray:
+    """m with -inf read as 0: what exp(x - m) subtracts, so that a row that has seen no key gets exp(-inf) = 0."""
+    return np.where(m == -np.inf, 0.0, m)
+
+
 def exp_minus(x: np.ndarray, m: np.ndarray) -> np.ndarray:
     """exp(x - m) row by row (m has one entry per row of x); a row whose m is -inf exponentiates against 0."""
-    base = np.where(m == -np.inf, 0.0, m)
+    base = exp_base(m)
     return np.exp(x - (base[:, None] if x.ndim == 2 else base))
