@@ -13,8 +13,8 @@ import numpy as np
 
 from simflash.algorithms import FLASH_ALGORITHMS
 from simflash.algorithms.naive import KERNELS as NAIVE_KERNELS
-from simflash.algorithms.naive import NAIVE_CTAS, naive_grid
-from simflash.chip import KERNEL_PROFILES, l2_cache, resident_ctas
+from simflash.algorithms.naive import NAIVE_CTAS, gemm_pv_heads_at_once, naive_grid
+from simflash.chip import KERNEL_PROFILES, gemm_pv_wave_rows, l2_cache, resident_ctas
 from simflash.config import (
     DEFAULT_GPU,
     STATE_DTYPE,
@@ -473,7 +473,7 @@ def naive_attention(
 
     cache: "cold" (the L2 flushed before every kernel) or "warm" (once, before the first: the three
     kernels share it) reports `run.physical`. Each kernel's CTAs (one per head) stream in head order
-    under either schedule.
+    under either schedule; the P V GEMM's run as many heads side by side as a wave of its tiles holds.
     """
     run, _ = naive_forward(q, k, v, causal, causal_variant, scale, dtype, record_events=record_events,
                            schedule=schedule, cache=cache, gpu=gpu, window=window)
@@ -502,9 +502,11 @@ def naive_forward(q, k, v, causal, causal_variant, scale, dtype, *, record_event
         hbm.allocate(name, (heads, n_q, n_kv), Q.dtype, poison=False)
     hbm.allocate("O", Q.shape, Q.dtype)
     ctas = naive_grid(sched, heads, Q.dtype.itemsize)
+    wave_rows = gemm_pv_wave_rows(gpu_spec(gpu))
 
     def naive_body(kernel: str, cta: CTA) -> Iterator:
-        return _attributed(machine, cta.index, NAIVE_CTAS[kernel](machine, sched, scale, cta))
+        waves = {"wave_rows": wave_rows} if kernel == "gemm_pv" else {}
+        return _attributed(machine, cta.index, NAIVE_CTAS[kernel](machine, sched, scale, cta, **waves))
 
     overflow = 0
     for kernel in NAIVE_KERNELS:
@@ -513,7 +515,8 @@ def naive_forward(q, k, v, causal, causal_variant, scale, dtype, *, record_event
         # An S beyond the storage dtype's range is stored as inf, as an fp16 eager path stores it, and its
         # row's softmax is NaN: counted below in run.overflow, not left to NumPy's RuntimeWarning.
         with hbm.kernel(kernel), np.errstate(over="ignore", invalid="ignore"):
-            for _ in run_bodies({cta: functools.partial(naive_body, kernel, cta) for cta in ctas}, 1):
+            slots = gemm_pv_heads_at_once(sched, wave_rows) if kernel == "gemm_pv" else 1
+            for _ in run_bodies({cta: functools.partial(naive_body, kernel, cta) for cta in ctas}, slots):
                 pass
         if kernel == NAIVE_KERNELS[0]:  # only the stored entries: masked ones are never written
             stored = np.isinf(hbm.inspect("S").astype(STATE_DTYPE))

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import attrs
 
+from simflash.algorithms.naive import GEMM_TILE_ROWS
 from simflash.config import GPUSpec
 from simflash.l2 import L2, L2Cache, L2Mixture
 from simflash.occupancy import occupancy
@@ -57,6 +58,12 @@ def resident_ctas(gpu: GPUSpec, profile: KernelProfile, block_q: int, block_kv: 
     return occ.cta_slots_per_sm * gpu.sm_count
 
 
+def gemm_pv_wave_rows(gpu: GPUSpec) -> int:
+    """Rows of O one wave of cuBLAS's P V GEMM computes: a CTA of GEMM_TILE_ROWS rows on every SM (its
+    tile's operand stages fill the SM's shared memory)."""
+    return gpu.sm_count * GEMM_TILE_ROWS
+
+
 def l2_cache(gpu: GPUSpec) -> L2:
     """The L2 one kernel's stream sees: the fitted effective capacity, read-fill weight and flush residue
     where the machine file has them, the nameplate size (plain LRU) otherwise; with a capacity spread,
@@ -66,6 +73,7 @@ def l2_cache(gpu: GPUSpec) -> L2:
 
     def lru(size: float) -> L2Cache:
         return L2Cache(size, gpu.calibration.get("l2_read_fill_weight", 1.0),
-                       int(gpu.calibration.get("l2_flush_residue_bytes", 0)))
+                       int(gpu.calibration.get("l2_flush_residue_bytes", 0)),
+                       gpu.calibration.get("l2_residue_ramp_bytes", 0.0))
 
     return L2Mixture((lru(capacity - spread), lru(capacity + spread))) if spread else lru(capacity)

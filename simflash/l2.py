@@ -17,8 +17,9 @@ read-only sweep over a large buffer does this once before a run ("warm"). ncu's 
 before every kernel ("cold") does it too, except that `flush_residue_bytes` of dirty lines are still
 waiting to be written back when the kernel starts (measured on an H200: a read-only kernel after a
 48 MiB write shows 2.3 MiB of DRAM writes, benchmarks/gpu/write_sources.json). `flush(residue=True)`
-leaves them as one dirty block at the least-recently-used end: the kernel's own fills evict it, and
-its write-back counts against the kernel, under the tensor name RESIDUE.
+leaves them dirty beside the kernel's data: once the bytes the kernel has brought in overflow the room
+beside them, they are written back in proportion over the next `residue_ramp_bytes` (all at once where
+that is 0), under the tensor name RESIDUE, counted against the kernel.
 
 `L2Mixture` runs several such caches side by side, of capacities either side of the effective one,
 and reports their mean: reuse at a distance between them is kept in part, not all or nothing.
@@ -85,10 +86,13 @@ class L2Cache:
     capacity_bytes: float
     read_fill_weight: float = 1.0
     flush_residue_bytes: int = 0
+    residue_ramp_bytes: float = 0.0
     kernel: str | None = None
     _blocks: OrderedDict[BlockKey, list] = attrs.field(factory=OrderedDict)  # key -> [nbytes, dirty, cost]
     _resident_cost: float = 0.0
     _flows: dict[tuple[str, str], list[int]] = attrs.field(factory=dict)
+    _residue_left: int = 0  # bytes of the flush residue still dirty in the cache
+    _filled: int = 0  # bytes brought in (read misses and writes, at full size) since the flush
 
     def read(self, key: BlockKey, nbytes: int, count: int = 1) -> None:
         """`count` back-to-back reads of a block (CTAs in lock-step): the first may miss, the rest hit."""
@@ -119,7 +123,7 @@ class L2Cache:
     def end_kernel(self) -> None:
         """Record the dirty bytes still resident, by tensor, against the kernel that is ending."""
         for key, (nbytes, dirty, _) in self._blocks.items():
-            if dirty and key[0] != RESIDUE:  # the residue was never this kernel's to write
+            if dirty:
                 self._flow(key[0])[3] += nbytes
         self.kernel = None
 
@@ -127,10 +131,9 @@ class L2Cache:
         """Write back and invalidate everything, outside any kernel (no bytes are charged); with
         `residue`, as ncu's cache control does: `flush_residue_bytes` stay dirty, to be evicted later."""
         self._blocks.clear()
-        self._resident_cost = 0.0
-        if residue and self.flush_residue_bytes:
-            self._blocks[(RESIDUE,)] = [self.flush_residue_bytes, True, self.flush_residue_bytes]
-            self._resident_cost = self.flush_residue_bytes
+        self._residue_left = self.flush_residue_bytes if residue else 0
+        self._resident_cost = self._residue_left
+        self._filled = 0
 
     def traffic(self) -> PhysicalTraffic:
         return PhysicalTraffic({key: L2Flow(*flow) for key, flow in self._flows.items()})
@@ -146,7 +149,23 @@ class L2Cache:
     def _insert(self, key: BlockKey, nbytes: int, dirty: bool, cost: float) -> None:
         self._blocks[key] = [nbytes, dirty, cost]
         self._resident_cost += cost
+        self._filled += nbytes
+        self._evict_residue()
         self._evict()
+
+    def _evict_residue(self) -> None:
+        """The residue leaves first, as soon as what came in since the flush, at full size, overflows the
+        room beside it: a stream read once displaces it as much as data that stays."""
+        if not self._residue_left:
+            return
+        room = self.capacity_bytes - self.flush_residue_bytes
+        overflow = max(0.0, self._filled - room)
+        share = min(1.0, overflow / self.residue_ramp_bytes) if self.residue_ramp_bytes else float(overflow > 0)
+        written = int(share * self.flush_residue_bytes) - (self.flush_residue_bytes - self._residue_left)
+        if written > 0:
+            self._residue_left -= written
+            self._resident_cost -= written
+            self._flow(RESIDUE)[2] += written
 
     def _evict(self) -> None:
         while self._resident_cost > self.capacity_bytes and self._blocks:

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 import simflash as sf
 from simflash.config import MiB
-from simflash.l2 import RESIDUE, L2Cache, L2Mixture
+from simflash.l2 import RESIDUE, L2Cache, L2Flow, L2Mixture
 from simflash.model.physical import predict
 
 
@@ -90,6 +90,19 @@ def test_a_cold_flush_leaves_its_residue_for_the_next_kernel_to_write_back():
     l2.read(("K", 0, 0), 100)
     l2.end_kernel()
     assert ("warm", RESIDUE) not in l2.traffic().ledger
+
+
+def test_the_flush_residue_leaves_in_proportion_over_its_ramp():
+    """Room beside a residue of 20 in 100 bytes is 80: what is brought in beyond it writes the residue
+    back in proportion over the 80-byte ramp, whether it was read or written."""
+    l2 = L2Cache(capacity_bytes=100, flush_residue_bytes=20, residue_ramp_bytes=80)
+    l2.flush(residue=True)
+    l2.kernel = "k"
+    written = []
+    for block, access in enumerate([l2.read, l2.write, l2.read, l2.write]):
+        access(("X", block), 40)
+        written.append(l2.traffic().ledger.get(("k", RESIDUE), L2Flow()).dram_write_bytes)
+    assert written == [0, 0, 10, 20]  # 40, 80 in: none; 120: half of it; 160: all
 
 
 def test_the_flush_residue_is_what_the_h200_probe_measured():

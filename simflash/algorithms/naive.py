@@ -7,14 +7,17 @@
 Each kernel's work is split into one CTA per head that streams its rows in blocks of `block_rows`
 (a block of S about NAIVE_BLOCK_BYTES), reading each operand once, as the logical model counts it:
 the order in which an L2 sees S and P go by. (cuBLAS and a softmax tile the work differently; what the
-L2 sees of it is a stream of rows, head after head.) Causal or windowed: kernels store and load only the
+L2 sees of it is a stream of rows, head after head.) One thing of cuBLAS's tiling the L2 does see: the
+P V GEMM's CTAs each write their tile of O as they end, so a wave's O arrives after all of the wave's
+P has streamed by. The P V kernel's CTAs hold their rows of O until a wave's worth of rows (`wave_rows`)
+is done, and the chip runs as many heads side by side as a wave holds. Causal or windowed: kernels store and load only the
 permitted entries of S and P (the lower triangle, the band); the others are never stored, and the softmax
 treats them as -inf. Grouped-query heads: each query head's GEMMs read its group's K and V.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -25,10 +28,14 @@ from simflash.schedule import TileSchedule
 
 KERNELS = ("gemm_qk", "softmax", "gemm_pv")
 NAIVE_BLOCK_BYTES = 256 * KiB  # rows of S streamed per step
+GEMM_TILE_ROWS = 256  # rows of O per CTA of cuBLAS's P V GEMM (its H200 tile: nvjet_sm90_hsh_128x256)
 
 
 def block_rows(n_kv: int, itemsize: int) -> int:
-    return max(1, NAIVE_BLOCK_BYTES // (n_kv * itemsize))
+    """Rows of S per streamed block: about NAIVE_BLOCK_BYTES, a power of two no larger than GEMM_TILE_ROWS
+    (so that a wave of the P V GEMM's tiles ends at the end of a block)."""
+    rows = max(1, NAIVE_BLOCK_BYTES // (n_kv * itemsize))
+    return min(GEMM_TILE_ROWS, 1 << (rows.bit_length() - 1))
 
 
 def naive_grid(sched: TileSchedule, heads: int, itemsize: int) -> list[CTA]:
@@ -72,21 +79,38 @@ def softmax_cta(gpu: SimulatedGPU, sched: TileSchedule, scale: float, cta: CTA) 
         yield None
 
 
-def gemm_pv_cta(gpu: SimulatedGPU, sched: TileSchedule, scale: float, cta: CTA) -> Iterator[None]:
+def gemm_pv_cta(gpu: SimulatedGPU, sched: TileSchedule, scale: float, cta: CTA, wave_rows: int) -> Iterator[None]:
     hbm, compute = gpu.hbm, gpu.compute
     (h,) = cta.index
     permitted = sched.mask(0, 0) if sched.masks else None
     V = hbm.read("V", (kv_head(h, hbm.shape("Q")[0] // hbm.shape("V")[0]),))  # (n_kv, d) its group's V
+    done: list[tuple[slice, np.ndarray]] = []  # rows of O computed, not yet written
     for rows in _row_blocks(sched, hbm.itemsize("P")):
         P_r = hbm.read_where("P", None if permitted is None else permitted[rows], fill=0.0, index=(h, rows))
-        hbm.write("O", (h, rows), compute.matmul(P_r, V))  # (rows, d)
+        done.append((rows, compute.matmul(P_r, V)))  # (rows, d)
+        if _ends_wave(sched, rows, wave_rows):  # the wave's CTAs end: their tiles of O go out
+            for written, O_r in done:
+                hbm.write("O", (h, written), O_r)
+            done = []
         yield None
 
 
-NAIVE_CTAS = {"gemm_qk": gemm_qk_cta, "softmax": softmax_cta, "gemm_pv": gemm_pv_cta}
+def _ends_wave(sched: TileSchedule, rows: slice, wave_rows: int) -> bool:
+    return rows.stop % wave_rows == 0 or rows.stop == sched.n_q
 
 
-def naive_program(kernel: str, sched: TileSchedule, cta: CTA, d: int, itemsize: int, group: int = 1) -> CTAProgram:
+def gemm_pv_heads_at_once(sched: TileSchedule, wave_rows: int) -> int:
+    """Heads of the P V GEMM a wave holds side by side (at least one)."""
+    tiles_per_head = -(-sched.n_q // GEMM_TILE_ROWS)
+    return max(1, wave_rows // GEMM_TILE_ROWS // tiles_per_head)
+
+
+NAIVE_CTAS: dict[str, Callable[..., Iterator[None]]] = {"gemm_qk": gemm_qk_cta, "softmax": softmax_cta,
+                                                     "gemm_pv": gemm_pv_cta}
+
+
+def naive_program(kernel: str, sched: TileSchedule, cta: CTA, d: int, itemsize: int, wave_rows: int,
+                  group: int = 1) -> CTAProgram:
     """The transfers of kernel `kernel`'s CTA without values (same blocks, same order)."""
     (h,) = cta.index
     h_kv = kv_head(h, group)
@@ -107,9 +131,16 @@ def naive_program(kernel: str, sched: TileSchedule, cta: CTA, d: int, itemsize: 
     if kernel == "softmax":
         return CTAProgram(cta, lambda t: (Access(block_key("S", h, blocks[t]), score_bytes(blocks[t])),
                                           Access(block_key("P", h, blocks[t]), score_bytes(blocks[t]), True)))
-    return CTAProgram(cta, lambda t: (Access(block_key("P", h, blocks[t]), score_bytes(blocks[t])),
-                                      Access(block_key("O", h, blocks[t]), rows_bytes(blocks[t]), True)),
-                      prologue=(Access(block_key("V", h_kv, whole), sched.n_kv * d * itemsize),))
+    def pv_step(t: int) -> tuple[Access, ...]:
+        read = Access(block_key("P", h, blocks[t]), score_bytes(blocks[t]))
+        if not _ends_wave(sched, blocks[t], wave_rows):
+            return (read,)
+        first = t  # the wave's first block: the block after the previous wave's last
+        while first > 0 and not _ends_wave(sched, blocks[first - 1], wave_rows):
+            first -= 1
+        return (read, *(Access(block_key("O", h, b), rows_bytes(b), True) for b in blocks[first:t + 1]))
+
+    return CTAProgram(cta, pv_step, prologue=(Access(block_key("V", h_kv, whole), sched.n_kv * d * itemsize),))
 
 
 def stored_per_row(sched: TileSchedule) -> np.ndarray:

@@ -23,8 +23,8 @@ import attrs
 
 from simflash.algorithms import FLASH_ALGORITHMS
 from simflash.algorithms.naive import KERNELS as NAIVE_KERNELS
-from simflash.algorithms.naive import naive_grid, naive_program, stored_per_row
-from simflash.chip import kernel_profile, l2_cache, resident_ctas
+from simflash.algorithms.naive import gemm_pv_heads_at_once, naive_grid, naive_program, stored_per_row
+from simflash.chip import gemm_pv_wave_rows, kernel_profile, l2_cache, resident_ctas
 from simflash.config import GPUSpec, check_causal_variant, check_positive_int, gpu_spec, storage_dtype
 from simflash.grid import run_programs
 from simflash.l2 import L2, L2Flow
@@ -118,17 +118,19 @@ def _naive(spec, l2: L2, n, n_kv, d, heads, causal, causal_variant, itemsize, ca
     sched = TileSchedule(n, n_kv, n, n_kv, causal=causal, causal_variant=causal_variant)
     ctas = naive_grid(sched, heads, itemsize)
     stored = int(stored_per_row(sched).sum()) * heads
+    wave_rows = gemm_pv_wave_rows(spec)
     predictions = []
     for kernel in NAIVE_KERNELS:
         if cache == "cold" or kernel == NAIVE_KERNELS[0]:
             l2.flush(residue=cache == "cold")
         l2.kernel = kernel
-        steps = run_programs((naive_program(kernel, sched, cta, d, itemsize) for cta in ctas), 1, l2)
+        slots = gemm_pv_heads_at_once(sched, wave_rows) if kernel == "gemm_pv" else 1
+        steps = run_programs((naive_program(kernel, sched, cta, d, itemsize, wave_rows) for cta in ctas), slots, l2)
         l2.end_kernel()
         flow = l2.traffic().by_kernel[kernel]
         terms = naive_seconds(spec, kernel, flow, gemm_flops=2 * stored * d, rows=heads * n, exps=stored)
         launch = spec.calibration.get("naive_launch_seconds", LAUNCH_SECONDS)
-        predictions.append(_prediction(kernel, flow, terms, launch, heads, 1, steps))
+        predictions.append(_prediction(kernel, flow, terms, launch, heads, slots, steps))
     return tuple(predictions)
 
 
