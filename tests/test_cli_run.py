@@ -139,10 +139,15 @@ def test_run_backward_reports_bad_tiles():
 
 @pytest.mark.slow
 def test_the_backward_page_shows_what_simflash_run_backward_prints():
-    """docs/backward.md quotes `simflash run --backward` in a console block and its output in the text block after it."""
+    """docs/backward.md quotes `simflash run --backward` in a console block and its output in the text block
+    after it: character for character, but for the gradients' error ratios, which depend on the order in
+    which the machine's BLAS sums float32 products; those are held to FlashAttention's rule (at most 2)."""
     page = (Path(__file__).resolve().parents[1] / "docs" / "backward.md").read_text()
     match = re.search(r"```console\n\$ simflash (run --backward[^\n]*)\n```\n\n```text\n(.*?)\n```", page, re.S)
     assert match, "docs/backward.md has no console block with `simflash run --backward` followed by its output"
     result = runner.invoke(app, shlex.split(match[1]))
     assert result.exit_code == 0, result.output
-    assert result.output.strip("\n") == match[2]
+    ratios = re.compile(r"\d+\.\d\d, \d+\.\d\d, \d+\.\d\d")
+    printed = ratios.findall(result.output)
+    assert len(printed) == 4 and all(float(r) <= 2 for cell in printed for r in cell.split(", "))
+    assert ratios.sub("x, y, z", result.output.strip("\n")) == ratios.sub("x, y, z", match[2])

@@ -86,14 +86,16 @@ def test_bytes_and_flops_equal_the_closed_forms_and_outputs_the_reference(
 @pytest.mark.parametrize("causal", [False, True])
 def test_packing_a_group_changes_only_which_tiles_are_read(causal):
     """FA-2: a packed tile visits the union of its rows' KV tiles; a row's extra visits see only -inf
-    scores (alpha = 1, P = 0), so every output is bit for bit the unpacked one."""
+    scores (alpha = 1, P = 0), so every output is the unpacked one, to the last bit but for the order in
+    which the machine's BLAS sums a row's products (which may change with the rows beside it in a tile):
+    one float32 rounding of a score, one fp16 rounding of P."""
     q, k, v = _inputs(7, 2, 8, 2, 37, 53, 16)
     kw = dict(block_q=16, block_kv=8, causal=causal, window=(20, 0 if causal else 5), trace="none",
               write_logsumexp=True)
     unpacked = sf.flash_attention(q, k, v, **kw)
     packed = sf.flash_attention(q, k, v, pack_gqa=True, **kw)
-    np.testing.assert_array_equal(packed.out, unpacked.out)
-    np.testing.assert_array_equal(packed.logsumexp, unpacked.logsumexp)
+    np.testing.assert_allclose(packed.out, unpacked.out, rtol=0, atol=2**-8)
+    np.testing.assert_allclose(packed.logsumexp, unpacked.logsumexp, rtol=4 * np.finfo(np.float32).eps)
 
 
 def test_decode_reads_each_kv_head_once_when_packed():
