@@ -105,8 +105,16 @@ def blind_configs() -> list[dict]:
                    (122880, 1)))
 
 
+def confirm_configs() -> list[dict]:
+    """A fifth sweep, on configurations none of the others holds, defined and measured after the cohort
+    weight was chosen with the first four in view."""
+    return _sweep((576, 1152, 2304, 4608, 6656), (5, 14, 36, 90, 180, 450), ((1152, 16), (2304, 6), (4608, 2)),
+                  ((9216, 28), (18432, 14), (36864, 5), (36864, 16), (53248, 4), (73728, 2), (106496, 1),
+                   (126976, 2)))
+
+
 SWEEPS = {"calibration": sweep_configs, "validation": validation_configs, "unseen": unseen_configs,
-          "blind": blind_configs}
+          "blind": blind_configs, "confirm": confirm_configs}
 
 
 def split_groups(kernels: list[dict], configs: list[dict]) -> list[list[dict]]:

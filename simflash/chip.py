@@ -65,7 +65,7 @@ def gemm_pv_wave_rows(gpu: GPUSpec) -> int:
 
 
 def l2_cache(gpu: GPUSpec) -> L2:
-    """The L2 one kernel's stream sees: the fitted effective capacity, read-fill weight and flush residue
+    """The L2 one kernel's stream sees: the fitted effective capacity, read-fill and cohort weights, flush residue
     where the machine file has them, the nameplate size (plain LRU) otherwise; with a capacity spread,
     an equal mixture of LRU caches that much smaller and larger than the effective capacity."""
     capacity = gpu.calibration.get("l2_effective_bytes", gpu.l2_bytes)
@@ -74,6 +74,7 @@ def l2_cache(gpu: GPUSpec) -> L2:
     def lru(size: float) -> L2Cache:
         return L2Cache(size, gpu.calibration.get("l2_read_fill_weight", 1.0),
                        int(gpu.calibration.get("l2_flush_residue_bytes", 0)),
-                       gpu.calibration.get("l2_residue_ramp_bytes", 0.0))
+                       gpu.calibration.get("l2_residue_ramp_bytes", 0.0),
+                       gpu.calibration.get("l2_cohort_weight", 1.0))
 
     return L2Mixture((lru(capacity - spread), lru(capacity + spread))) if spread else lru(capacity)

@@ -87,6 +87,7 @@ class L2Cache:
     read_fill_weight: float = 1.0
     flush_residue_bytes: int = 0
     residue_ramp_bytes: float = 0.0
+    cohort_weight: float = 1.0
     kernel: str | None = None
     _blocks: OrderedDict[BlockKey, list] = attrs.field(factory=OrderedDict)  # key -> [nbytes, dirty, cost]
     _resident_cost: float = 0.0
@@ -95,16 +96,19 @@ class L2Cache:
     _filled: int = 0  # bytes brought in (read misses and writes, at full size) since the flush
 
     def read(self, key: BlockKey, nbytes: int, count: int = 1) -> None:
-        """`count` back-to-back reads of a block (CTAs in lock-step): the first may miss, the rest hit."""
+        """`count` back-to-back reads of a block (CTAs in lock-step): the first may miss, the rest hit. A
+        block one CTA fills holds `read_fill_weight` of its size until it is read again, then all of it;
+        a block a cohort reads (count > 1) holds `cohort_weight` of it."""
         flow = self._flow(key[0])
         block = self._blocks.get(key)
         if block is None:
             flow[1] += nbytes
             flow[0] += nbytes * (count - 1)
-            self._insert(key, nbytes, dirty=False, cost=nbytes * (self.read_fill_weight if count == 1 else 1.0))
+            self._insert(key, nbytes, dirty=False, cost=nbytes * (self.read_fill_weight if count == 1 else self.cohort_weight))
         else:
-            self._resident_cost += nbytes - block[2]  # a block read again holds its full size
-            block[2] = nbytes
+            held = nbytes * (self.cohort_weight if count > 1 else 1.0)
+            self._resident_cost += held - block[2]
+            block[2] = held
             self._blocks.move_to_end(key)
             flow[0] += nbytes * count
             self._evict()

@@ -92,6 +92,19 @@ def test_a_cold_flush_leaves_its_residue_for_the_next_kernel_to_write_back():
     assert ("warm", RESIDUE) not in l2.traffic().ledger
 
 
+def test_blocks_a_cohort_reads_hold_their_cohort_weight():
+    """Four 40-byte blocks read by two CTAs at once: at full size 160 bytes overflow a 100-byte cache and
+    the second pass misses; at a cohort weight of 0.5 they hold 80 and every second read hits."""
+    for weight, second_pass_misses in ((1.0, 160), (0.5, 0)):
+        l2 = L2Cache(capacity_bytes=100, cohort_weight=weight)
+        l2.kernel = "k"
+        for _ in range(2):
+            for block in range(4):
+                l2.read(("K", block), 40, count=2)
+        flow = l2.traffic().ledger["k", "K"]
+        assert flow.dram_read_bytes == 160 + second_pass_misses and flow.read_bytes == 2 * 2 * 160
+
+
 def test_the_flush_residue_leaves_in_proportion_over_its_ramp():
     """Room beside a residue of 20 in 100 bytes is 80: what is brought in beyond it writes the residue
     back in proportion over the 80-byte ramp, whether it was read or written."""

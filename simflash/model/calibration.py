@@ -7,7 +7,8 @@ its order) or to the held-out set (the rest, which no fitted figure has seen). A
 (`--sweep validation`, benchmarks/gpu/validation_*.json) measured other configurations; the L2's
 capacity spread was chosen with it in view. A third (`--sweep unseen`) measured still others after
 every figure was fixed; the naive path's P V GEMM waves and flush-residue ramp were added later, with all
-three in view, and a fourth (`--sweep blind`) measured after that. A kernel row passes when
+three in view, and a fourth (`--sweep blind`) measured after that; the cohort weight was chosen with all
+four in view, and a fifth (`--sweep confirm`) measured after it. A kernel row passes when
 the predicted DRAM bytes are within 10% (or 1 MiB, whichever is larger) of the measured ones.
 """
 
@@ -32,7 +33,7 @@ FIT_EVERY = 3  # configuration k of the sweep is in the fit set when k % FIT_EVE
 KERNEL_OF = {"fa2": "simflash", "sdpa_flash": "sdpa_flash", "naive": "simflash"}
 
 
-SWEEPS = ("calibration", "validation", "unseen", "blind")
+SWEEPS = ("calibration", "validation", "unseen", "blind", "confirm")
 REPORTS = {"calibration": "physical_validation.json", "validation": "physical_validation_second_sweep.json",
            "unseen": "physical_validation_unseen.json", "blind": "physical_validation_blind.json"}  # benchmarks/gpu/, by sweep
 
