@@ -290,3 +290,24 @@ def test_naive_time_figures_come_out_of_their_fit():
     fitted = fit_naive_time(sweep)
     for key in NAIVE_TIME_KEYS:
         assert sf.GPUS["H200"].calibration[key] == pytest.approx(fitted[key], rel=2e-3), key
+
+
+def test_the_pv_gemm_writes_o_a_wave_at_a_time():
+    """N = 1024, d = 128, fp16: rows of S stream in blocks of 128. With waves of 512 rows of O, the P V
+    GEMM's CTA reads P block by block and writes O's four blocks of a wave at its last block (steps 3 and
+    7), 1024 x 128 x 2 bytes in all; a wave of 132 x 256 rows holds 33 such heads side by side."""
+    from simflash.algorithms.naive import block_rows, gemm_pv_heads_at_once, naive_grid, naive_program
+    from simflash.chip import gemm_pv_wave_rows
+    from simflash.schedule import TileSchedule
+
+    sched = TileSchedule(1024, 1024, 1024, 1024)
+    assert block_rows(1024, 2) == 128
+    (cta,) = naive_grid(sched, 1, 2)
+    program = naive_program("gemm_pv", sched, cta, 128, 2, wave_rows=512)
+    writes = {step: [a for a in program.stream(step) if a.write] for step in range(cta.n_steps)}
+    assert [step for step, w in writes.items() if w] == [3, 7]
+    assert [len(writes[3]), len(writes[7])] == [4, 4]
+    assert sum(a.nbytes for w in writes.values() for a in w) == 1024 * 128 * 2
+    assert all(not a.write and a.key[0] == "P" for a in program.stream(0))
+    assert gemm_pv_wave_rows(sf.GPUS["H200"]) == 132 * 256
+    assert gemm_pv_heads_at_once(sched, 132 * 256) == 132 * 256 // 1024

@@ -10,9 +10,11 @@ the order in which an L2 sees S and P go by. (cuBLAS and a softmax tile the work
 L2 sees of it is a stream of rows, head after head.) One thing of cuBLAS's tiling the L2 does see: the
 P V GEMM's CTAs each write their tile of O as they end, so a wave's O arrives after all of the wave's
 P has streamed by. The P V kernel's CTAs hold their rows of O until a wave's worth of rows (`wave_rows`)
-is done, and the chip runs as many heads side by side as a wave holds. Causal or windowed: kernels store and load only the
-permitted entries of S and P (the lower triangle, the band); the others are never stored, and the softmax
-treats them as -inf. Grouped-query heads: each query head's GEMMs read its group's K and V.
+is done, and the chip runs as many heads side by side as a wave holds.
+
+Causal or windowed: kernels store and load only the permitted entries of S and P (the lower triangle,
+the band); the others are never stored, and the softmax treats them as -inf. Grouped-query heads: each
+query head's GEMMs read its group's K and V.
 """
 
 from __future__ import annotations
