@@ -86,19 +86,15 @@ def gemm_pv_cta(gpu: SimulatedGPU, sched: TileSchedule, scale: float, cta: CTA, 
     (h,) = cta.index
     permitted = sched.mask(0, 0) if sched.masks else None
     V = hbm.read("V", (kv_head(h, hbm.shape("Q")[0] // hbm.shape("V")[0]),))  # (n_kv, d) its group's V
-    done: list[tuple[slice, np.ndarray]] = []  # rows of O computed, not yet written
-    for rows in _row_blocks(sched, hbm.itemsize("P")):
+    blocks = _row_blocks(sched, hbm.itemsize("P"))
+    waves = _waves_ending(sched, blocks, wave_rows)
+    done: dict[int, np.ndarray] = {}  # rows of O computed, not yet written, by first row
+    for t, rows in enumerate(blocks):
         P_r = hbm.read_where("P", None if permitted is None else permitted[rows], fill=0.0, index=(h, rows))
-        done.append((rows, compute.matmul(P_r, V)))  # (rows, d)
-        if _ends_wave(sched, rows, wave_rows):  # the wave's CTAs end: their tiles of O go out
-            for written, O_r in done:
-                hbm.write("O", (h, written), O_r)
-            done = []
+        done[rows.start] = compute.matmul(P_r, V)  # (rows, d)
+        for written in waves.get(t, ()):  # the wave's CTAs end: their tiles of O go out
+            hbm.write("O", (h, written), done.pop(written.start))
         yield None
-
-
-def _ends_wave(sched: TileSchedule, rows: slice, wave_rows: int) -> bool:
-    return rows.stop % wave_rows == 0 or rows.stop == sched.n_q
 
 
 def gemm_pv_heads_at_once(sched: TileSchedule, wave_rows: int) -> int:
@@ -133,16 +129,24 @@ def naive_program(kernel: str, sched: TileSchedule, cta: CTA, d: int, itemsize: 
     if kernel == "softmax":
         return CTAProgram(cta, lambda t: (Access(block_key("S", h, blocks[t]), score_bytes(blocks[t])),
                                           Access(block_key("P", h, blocks[t]), score_bytes(blocks[t]), True)))
+    waves = _waves_ending(sched, blocks, wave_rows)
+
     def pv_step(t: int) -> tuple[Access, ...]:
-        read = Access(block_key("P", h, blocks[t]), score_bytes(blocks[t]))
-        if not _ends_wave(sched, blocks[t], wave_rows):
-            return (read,)
-        first = t  # the wave's first block: the block after the previous wave's last
-        while first > 0 and not _ends_wave(sched, blocks[first - 1], wave_rows):
-            first -= 1
-        return (read, *(Access(block_key("O", h, b), rows_bytes(b), True) for b in blocks[first:t + 1]))
+        return (Access(block_key("P", h, blocks[t]), score_bytes(blocks[t])),
+                *(Access(block_key("O", h, b), rows_bytes(b), True) for b in waves.get(t, ())))
 
     return CTAProgram(cta, pv_step, prologue=(Access(block_key("V", h_kv, whole), sched.n_kv * d * itemsize),))
+
+
+def _waves_ending(sched: TileSchedule, blocks: list[slice], wave_rows: int) -> dict[int, list[slice]]:
+    """{t: the blocks of the wave that block t ends}, for the blocks that end a wave."""
+    ends: dict[int, list[slice]] = {}
+    wave: list[slice] = []
+    for t, rows in enumerate(blocks):
+        wave.append(rows)
+        if rows.stop % wave_rows == 0 or rows.stop == sched.n_q:
+            ends[t], wave = wave, []
+    return ends
 
 
 def stored_per_row(sched: TileSchedule) -> np.ndarray:

@@ -33,10 +33,10 @@ FIT_EVERY = 3  # configuration k of the sweep is in the fit set when k % FIT_EVE
 KERNEL_OF = {"fa2": "simflash", "sdpa_flash": "sdpa_flash", "naive": "simflash"}
 
 
-SWEEPS = ("calibration", "validation", "unseen", "blind", "confirm")
 REPORTS = {"calibration": "physical_validation.json", "validation": "physical_validation_second_sweep.json",
            "unseen": "physical_validation_unseen.json", "blind": "physical_validation_blind.json",
            "confirm": "physical_validation_confirm.json"}  # benchmarks/gpu/, by sweep
+SWEEPS = tuple(REPORTS)
 
 
 def _subset(sweep: str, index: int) -> str:
