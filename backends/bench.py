@@ -44,9 +44,32 @@ class BenchConfig:
         return full // 2 if self.causal else full
 
 
+HOLD_NS = 200_000  # the GPU waits this long ahead of each timed call: longer than a call takes to enqueue
+HOLD_SOURCE = r"""
+extern "C" __global__ void hold(unsigned long long ns) {
+  unsigned long long start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now)); while (now - start < ns);
+}
+"""
+
+
+@functools.cache
+def _hold_kernel():
+    return import_cupy().RawKernel(HOLD_SOURCE, "hold")
+
+
+def hold_device(ns: int = HOLD_NS) -> None:
+    """Queue a one-thread kernel that keeps the device busy for `ns` nanoseconds."""
+    _hold_kernel()((1,), (1,), (np.uint64(ns),))
+
+
 def time_ms(fn, before=None, min_total_ms: float = MIN_TOTAL_MS, reps: tuple[int, int] = REPS) -> dict:
     """Median milliseconds of `fn` on the device, CUDA events around each call, after a warm-up.
-    before: run ahead of every call, outside the timed region (flushing a cache, say)."""
+    before: run ahead of every call, outside the timed region (flushing a cache, say). The device is held
+    busy (hold_device) just before the start event, so that the call is already queued when the event
+    fires: the time is the device's alone, without the host's time to launch the call (which differs
+    between a CuPy kernel and a PyTorch operator)."""
     cupy = import_cupy()
     for _ in range(2):
         fn()
@@ -56,6 +79,7 @@ def time_ms(fn, before=None, min_total_ms: float = MIN_TOTAL_MS, reps: tuple[int
         if before is not None:
             before()
         start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+        hold_device()
         start.record()
         fn()
         stop.record()

@@ -53,6 +53,50 @@ static __device__ __forceinline__ u32 copy_tile(u32 dst, const storage_t* src, i
   return read_bytes;
 }
 
+// copy_tile for a tile whose ROWS rows are all real (every KV tile but a ragged last one): no test per
+// row, and every address a constant offset from this thread's first, so the copy is its cp.async
+// instructions and little else.
+template <int ROWS, int D, int THREADS>
+static __device__ __forceinline__ u32 copy_full_tile(u32 dst, const storage_t* src) {
+  constexpr int CHUNKS = D / 8, ROW_STEP = THREADS / CHUNKS;
+  const int first = threadIdx.x / CHUNKS, ch = threadIdx.x % CHUNKS;
+  const storage_t* from = src + first * D + ch * 8;
+  const u32 to = dst + 2 * padded<D>(first, ch);
+#pragma unroll
+  for (int k = 0; k < ROWS / ROW_STEP; ++k) cp_async_16(to + 2 * padded<D>(k * ROW_STEP, 0), from + k * ROW_STEP * D, 16);
+  return 16 * (ROWS / ROW_STEP);
+}
+
+// A warp's 32 rows of O_i = a_i / l_i (rows warp * 32 ..) to HBM: staged in the padded shared tile O_s
+// over the warp's own rows, then copied in 16-byte chunks, valid rows only. O_tile: the tile's first
+// row in HBM. Adds the bytes written to `written`.
+template <typename St, int D>
+static __device__ __forceinline__ void store_rows(storage_t* O_s, storage_t* O_tile, const float (&a_i)[2][D / 8][4],
+                                                  const float (&inv_l)[4], int warp, int lane, int rows, u64& written) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = warp * 32 + mt * 16 + half * 8 + g;
+        const float inv = inv_l[2 * mt + half];
+        *reinterpret_cast<u32*>(O_s + padded<D>(row, n) + 2 * t) =
+            St::pack(a_i[mt][n][2 * half] * inv, a_i[mt][n][2 * half + 1] * inv);
+      }
+  __syncwarp();
+#pragma unroll
+  for (int k = 0; k < D / 8; ++k) {  // 32 rows x D / 8 chunks over 32 lanes
+    const int c = lane + k * 32;
+    const int row = warp * 32 + c / (D / 8), ch = c % (D / 8);
+    if (row < rows) {
+      *reinterpret_cast<uint4*>(O_tile + (size_t)row * D + ch * 8) = *reinterpret_cast<const uint4*>(O_s + padded<D>(row, ch));
+      written += 16;
+    }
+  }
+}
+
 template <int DT, int B_r, int B_c, int D, bool INSTRUMENTED>
 __global__ void __launch_bounds__(B_r, 2) flash2_forward_v2(
     const storage_t* __restrict__ Q,  // (H, n_q, D)
@@ -119,6 +163,12 @@ __global__ void __launch_bounds__(B_r, 2) flash2_forward_v2(
   // A fragments of this warp's 16-row block mt of Q_i, columns 16kk..16kk+15.
   auto load_Q = [&](u32(&frag)[4], int mt, int kk) { ldmatrix_x4(frag, Q_lane + 2 * padded<D>(mt * 16, kk * 2)); };
 
+  // Start copying the KV tile of keys col.. into a shared tile; the rows past n_kv are zero-filled.
+  auto copy_kv = [&](u32 dst, const storage_t* tensor, int col) -> u32 {
+    const storage_t* src = tensor + (size_t)col * D;
+    return col + B_c <= n_kv ? copy_full_tile<B_c, D, THREADS>(dst, src) : copy_tile<B_c, D, THREADS>(dst, src, n_kv - col);
+  };
+
   // One KV tile j; MASK is known at compile time, so the unmasked loop carries no masking code.
   auto kv_tile = [&](const int j, auto mask) {
     constexpr bool MASK = decltype(mask)::value;
@@ -126,7 +176,7 @@ __global__ void __launch_bounds__(B_r, 2) flash2_forward_v2(
     // -- K_j has landed and every warp is done with V_{j-1}: start V_j
     cp_async_wait<0>();
     __syncthreads();
-    read_V += copy_tile<B_c, D, THREADS>(V_s, V_h + (size_t)col0 * D, min(B_c, n_kv - col0));
+    read_V += copy_kv(V_s, V_h, col0);
     cp_async_commit();
 
 #pragma unroll
@@ -168,7 +218,7 @@ __global__ void __launch_bounds__(B_r, 2) flash2_forward_v2(
       if (s == SLICES - 1 && j + 1 < T_c) {
         if (SLICES > 1) __syncthreads();
         const int col = col0 + B_c;
-        read_K += copy_tile<B_c, D, THREADS>(K_s, K_h + (size_t)col * D, min(B_c, n_kv - col));
+        read_K += copy_kv(K_s, K_h, col);
         cp_async_commit();
       }
 
@@ -293,29 +343,7 @@ __global__ void __launch_bounds__(B_r, 2) flash2_forward_v2(
     inv_l[r] = l_row > 0.f ? 1.f / l_row : 0.f;
   }
   // Each warp stages its own 32 rows, which only it read as Q_i: no other warp to wait for.
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-    for (int n = 0; n < NO; ++n)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = warp * 32 + mt * 16 + half * 8 + g;
-        const float inv = inv_l[2 * mt + half];
-        *reinterpret_cast<u32*>(O_s + padded<D>(row, n) + 2 * t) =
-            St::pack(a_i[mt][n][2 * half] * inv, a_i[mt][n][2 * half + 1] * inv);
-      }
-  __syncwarp();
-  // -- this warp's rows of O_i to HBM in 16-byte chunks, valid rows only
-#pragma unroll
-  for (int k = 0; k < D / 8; ++k) {  // 32 rows x D / 8 chunks over 32 lanes
-    const int c = lane + k * 32;
-    const int row = warp * 32 + c / (D / 8), ch = c % (D / 8);
-    if (row < rows) {
-      *reinterpret_cast<uint4*>(O_h + (size_t)(row_start + row) * D + ch * 8) =
-          *reinterpret_cast<const uint4*>(O_s + padded<D>(row, ch));
-      written_O += 16;
-    }
-  }
+  store_rows<St, D>(O_s, O_h + (size_t)row_start * D, a_i, inv_l, warp, lane, rows, written_O);
 
   if constexpr (INSTRUMENTED) {
     __shared__ u64 scratch[THREADS / 32];
