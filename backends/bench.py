@@ -64,6 +64,18 @@ def hold_device(ns: int = HOLD_NS) -> None:
     _hold_kernel()((1,), (1,), (np.uint64(ns),))
 
 
+def time_once(fn) -> float:
+    """Device milliseconds of one call of `fn`: CUDA events around it, queued behind hold_device."""
+    cupy = import_cupy()
+    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+    hold_device()
+    start.record()
+    fn()
+    stop.record()
+    stop.synchronize()
+    return cupy.cuda.get_elapsed_time(start, stop)
+
+
 def time_ms(fn, before=None, min_total_ms: float = MIN_TOTAL_MS, reps: tuple[int, int] = REPS) -> dict:
     """Median milliseconds of `fn` on the device, CUDA events around each call, after a warm-up.
     before: run ahead of every call, outside the timed region (flushing a cache, say). The device is held
@@ -78,13 +90,7 @@ def time_ms(fn, before=None, min_total_ms: float = MIN_TOTAL_MS, reps: tuple[int
     def once() -> float:
         if before is not None:
             before()
-        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-        hold_device()
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        return cupy.cuda.get_elapsed_time(start, stop)
+        return time_once(fn)
 
     first = once()
     count = int(min(reps[1], max(reps[0], min_total_ms // max(first, 1e-3))))

@@ -19,20 +19,9 @@ import numpy as np
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from simflash.backends.bench import hold_device
+from simflash.backends.bench import time_once
 from simflash.backends.flash2 import kernel_version, launch, poisoned_output
 from simflash.schedule import TileSchedule
-
-
-def timed(fn) -> float:
-    """Device milliseconds of one call, queued behind a hold so that the host's launch time is left out."""
-    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-    hold_device()
-    start.record()
-    fn()
-    stop.record()
-    stop.synchronize()
-    return cupy.cuda.get_elapsed_time(start, stop)
 
 
 def pair_ratios(n: int, d: int, causal: bool, pairs: int, seed: int) -> dict:
@@ -48,7 +37,7 @@ def pair_ratios(n: int, d: int, causal: bool, pairs: int, seed: int) -> dict:
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
         for _ in range(3):
             ours(), theirs()
-        times = [(timed(ours), timed(theirs)) for _ in range(pairs)]
+        times = [(time_once(ours), time_once(theirs)) for _ in range(pairs)]
     ratios = sorted(t_sdpa / t_v2 for t_v2, t_sdpa in times)
     flops = 4 * heads * n * n * d // (2 if causal else 1)
     med_v2, med_sdpa = statistics.median(t for t, _ in times), statistics.median(t for _, t in times)
