@@ -1,0 +1,116 @@
+"""What the H200's L2 does with dirty data: four access patterns of plain streaming kernels, each
+after a read-only flush, measured by Nsight Compute (DRAM bytes read and written per kernel).
+
+    python benchmarks/gpu/l2_probe/probe.py OUT_DIR          # runs ncu over itself: OUT_DIR/probe.json, probe_ncu.csv
+    python benchmarks/gpu/l2_probe/probe.py --target         # the program ncu profiles
+
+Patterns (sizes in MiB; W and R are distinct buffers, each kernel reads or writes its buffer once, in
+address order, from every SM):
+- stream:        write W (X), then read R (Y): how much of the dirty W a read stream writes back;
+- reread:        write W (X), then read W: how much of a written buffer is still in the L2;
+- stream_reread: write W (X), read R (Y), read W: what of W a stream leaves;
+- write_write:   write W (X), then write R (Y): how much of the dirty W a write stream writes back.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+MiB = 1 << 20
+SOURCE = r"""
+extern "C" __global__ void probe_write(float4* p, unsigned long long n) {
+  for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n; i += (unsigned long long)gridDim.x * blockDim.x)
+    p[i] = make_float4(i, i, i, i);
+}
+extern "C" __global__ void probe_read(const float4* p, unsigned long long n, float* never) {
+  float s = 0.f;
+  for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n; i += (unsigned long long)gridDim.x * blockDim.x) {
+    const float4 v = p[i];
+    s += v.x + v.y + v.z + v.w;
+  }
+  if (s == -1.f) never[0] = s;  // keeps the reads; never true for these buffers
+}
+extern "C" __global__ void flush_read(const float4* p, unsigned long long n, float* never) {
+  float s = 0.f;
+  for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n; i += (unsigned long long)gridDim.x * blockDim.x) {
+    const float4 v = p[i];
+    s += v.x + v.y + v.z + v.w;
+  }
+  if (s == -1.f) never[0] = s;
+}
+"""
+STREAM = [(x, y) for x in (8, 16, 24, 32) for y in (4, 8, 16, 32, 64, 128)]
+REREAD = [(x, 0) for x in (8, 12, 16, 20, 24, 28, 32, 36, 40, 48, 56, 64, 96)]
+STREAM_REREAD = [(x, y) for x in (8, 16, 24) for y in (8, 16, 32, 64)]
+WRITE_WRITE = [(x, y) for x in (8, 16, 24, 32) for y in (8, 16, 32, 64)]
+PATTERNS = {"stream": STREAM, "reread": REREAD, "stream_reread": STREAM_REREAD, "write_write": WRITE_WRITE}
+METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum", "gpu__time_duration.sum")
+
+
+def target() -> None:
+    import cupy
+
+    module = cupy.RawModule(code=SOURCE)
+    write, read, flush = (module.get_function(name) for name in ("probe_write", "probe_read", "flush_read"))
+    W, R, F = (cupy.ones(size // 4, dtype=cupy.float32) for size in (128 * MiB, 256 * MiB, 512 * MiB))
+    never = cupy.zeros(1, dtype=cupy.float32)
+    grid, block = (132 * 4,), (256,)
+
+    def n4(mib):
+        return cupy.uint64(mib * MiB // 16)
+
+    for pattern, sizes in PATTERNS.items():
+        for x, y in sizes:
+            flush(grid, block, (F, n4(512), never))
+            write(grid, block, (W, n4(x)))
+            if pattern in ("stream", "stream_reread"):
+                read(grid, block, (R, n4(y), never))
+            if pattern == "write_write":
+                write(grid, block, (R, n4(y)))
+            if pattern in ("reread", "stream_reread"):
+                read(grid, block, (W, n4(x), never))
+    cupy.cuda.Device().synchronize()
+
+
+def rows_from_csv(text: str) -> list[dict]:
+    """Each pattern's kernels from ncu's CSV, in launch order (the flushes and CuPy's fills left out)."""
+    from simflash.backends.profile import parse_ncu_csv
+
+    kernels = [k for k in parse_ncu_csv(text) if k["name"].startswith("probe_")]
+    rows, at = [], 0
+    for pattern, sizes in PATTERNS.items():
+        steps = 3 if pattern == "stream_reread" else 2
+        for x, y in sizes:
+            group = kernels[at:at + steps]
+            at += steps
+            rows.append({"pattern": pattern, "x_mib": x, "y_mib": y,
+                         "kernels": [{"name": k["name"].split("(")[0],
+                                      "dram_read_bytes": k["metrics"].get("dram__bytes_read.sum"),
+                                      "dram_write_bytes": k["metrics"].get("dram__bytes_write.sum"),
+                                      "time_ns": k["metrics"].get("gpu__time_duration.sum")} for k in group]})
+    if at != len(kernels):
+        raise RuntimeError(f"{len(kernels)} probe kernels profiled, {at} expected")
+    return rows
+
+
+def main(out: Path) -> None:
+    command = ["ncu", "--clock-control", "none", "--cache-control", "none", "--replay-mode", "application",
+               "--csv", "--print-units", "base", "--metrics", ",".join(METRICS),
+               sys.executable, __file__, "--target"]
+    run = subprocess.run(command, capture_output=True, text=True, check=True)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "probe_ncu.csv").write_text(run.stdout)
+    rows = rows_from_csv(run.stdout)
+    (out / "probe.json").write_text(json.dumps({"command": " ".join(command), "rows": rows}, indent=1))
+    for row in rows:
+        cells = "  ".join(f"{k['name']}: R {k['dram_read_bytes'] / MiB:6.1f} W {k['dram_write_bytes'] / MiB:6.1f}"
+                          for k in row["kernels"])
+        print(f"{row['pattern']:14s} X={row['x_mib']:3d} Y={row['y_mib']:3d}  {cells}")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--target"]:
+        target()
+    else:
+        main(Path(sys.argv[1]))
