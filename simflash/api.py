@@ -13,7 +13,7 @@ import numpy as np
 
 from simflash.algorithms import FLASH_ALGORITHMS
 from simflash.algorithms.naive import KERNELS as NAIVE_KERNELS
-from simflash.algorithms.naive import NAIVE_CTAS, gemm_pv_heads_at_once, naive_grid
+from simflash.algorithms.naive import NAIVE_CTAS, concurrent_heads, naive_grid
 from simflash.chip import KERNEL_PROFILES, gemm_pv_wave_rows, l2_cache, resident_ctas
 from simflash.config import (
     DEFAULT_GPU,
@@ -515,7 +515,7 @@ def naive_forward(q, k, v, causal, causal_variant, scale, dtype, *, record_event
         # An S beyond the storage dtype's range is stored as inf, as an fp16 eager path stores it, and its
         # row's softmax is NaN: counted below in run.overflow, not left to NumPy's RuntimeWarning.
         with hbm.kernel(kernel), np.errstate(over="ignore", invalid="ignore"):
-            slots = gemm_pv_heads_at_once(sched, wave_rows) if kernel == "gemm_pv" else 1
+            slots = concurrent_heads(kernel, sched, wave_rows)
             for _ in run_bodies({cta: functools.partial(naive_body, kernel, cta) for cta in ctas}, slots):
                 pass
         if kernel == NAIVE_KERNELS[0]:  # only the stored entries: masked ones are never written

@@ -103,6 +103,12 @@ def gemm_pv_heads_at_once(sched: TileSchedule, wave_rows: int) -> int:
     return max(1, wave_rows // GEMM_TILE_ROWS // tiles_per_head)
 
 
+def concurrent_heads(kernel: str, sched: TileSchedule, wave_rows: int) -> int:
+    """Heads whose CTAs run side by side in `kernel`: one at a time, but as many P V GEMM heads as a wave
+    holds."""
+    return gemm_pv_heads_at_once(sched, wave_rows) if kernel == "gemm_pv" else 1
+
+
 NAIVE_CTAS: dict[str, Callable[..., Iterator[None]]] = {"gemm_qk": gemm_qk_cta, "softmax": softmax_cta,
                                                      "gemm_pv": gemm_pv_cta}
 

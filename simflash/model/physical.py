@@ -23,7 +23,7 @@ import attrs
 
 from simflash.algorithms import FLASH_ALGORITHMS
 from simflash.algorithms.naive import KERNELS as NAIVE_KERNELS
-from simflash.algorithms.naive import gemm_pv_heads_at_once, naive_grid, naive_program, stored_per_row
+from simflash.algorithms.naive import concurrent_heads, naive_grid, naive_program, stored_per_row
 from simflash.chip import gemm_pv_wave_rows, kernel_profile, l2_cache, resident_ctas
 from simflash.config import GPUSpec, check_causal_variant, check_positive_int, gpu_spec, storage_dtype
 from simflash.grid import run_programs
@@ -124,7 +124,7 @@ def _naive(spec, l2: L2, n, n_kv, d, heads, causal, causal_variant, itemsize, ca
         if cache == "cold" or kernel == NAIVE_KERNELS[0]:
             l2.flush(residue=cache == "cold")
         l2.kernel = kernel
-        slots = gemm_pv_heads_at_once(sched, wave_rows) if kernel == "gemm_pv" else 1
+        slots = concurrent_heads(kernel, sched, wave_rows)
         steps = run_programs((naive_program(kernel, sched, cta, d, itemsize, wave_rows) for cta in ctas), slots, l2)
         l2.end_kernel()
         flow = l2.traffic().by_kernel[kernel]

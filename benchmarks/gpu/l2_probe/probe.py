@@ -18,28 +18,31 @@ import sys
 from pathlib import Path
 
 MiB = 1 << 20
-SOURCE = r"""
-extern "C" __global__ void probe_write(float4* p, unsigned long long n) {
-  for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n; i += (unsigned long long)gridDim.x * blockDim.x)
-    p[i] = make_float4(i, i, i, i);
-}
-extern "C" __global__ void probe_read(const float4* p, unsigned long long n, float* never) {
+
+
+def read_kernel(name: str) -> str:
+    """A kernel that reads n 16-byte chunks in address order, chunk i by CTA (i + shift) mod the grid's,
+    and writes nothing (the buffers never sum to -1). Named apart so the flushes can be told apart."""
+    return r"""
+extern "C" __global__ void NAME(const float4* p, unsigned long long n, int shift, float* never) {
+  const unsigned long long block = (blockIdx.x + shift) % gridDim.x;
   float s = 0.f;
-  for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n; i += (unsigned long long)gridDim.x * blockDim.x) {
-    const float4 v = p[i];
-    s += v.x + v.y + v.z + v.w;
-  }
-  if (s == -1.f) never[0] = s;  // keeps the reads; never true for these buffers
-}
-extern "C" __global__ void flush_read(const float4* p, unsigned long long n, float* never) {
-  float s = 0.f;
-  for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n; i += (unsigned long long)gridDim.x * blockDim.x) {
+  for (unsigned long long i = block * blockDim.x + threadIdx.x; i < n; i += (unsigned long long)gridDim.x * blockDim.x) {
     const float4 v = p[i];
     s += v.x + v.y + v.z + v.w;
   }
   if (s == -1.f) never[0] = s;
 }
-"""
+""".replace("NAME", name)
+
+
+SOURCE = r"""
+extern "C" __global__ void probe_write(float4* p, unsigned long long n) {
+  for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n; i += (unsigned long long)gridDim.x * blockDim.x)
+    p[i] = make_float4(i, i, i, i);
+}
+""" + read_kernel("probe_read") + read_kernel("flush_read")
+GRID, BLOCK = 132 * 4, 256
 STREAM = [(x, y) for x in (8, 16, 24, 32) for y in (4, 8, 16, 32, 64, 128)]
 REREAD = [(x, 0) for x in (8, 12, 16, 20, 24, 28, 32, 36, 40, 48, 56, 64, 96)]
 STREAM_REREAD = [(x, y) for x in (8, 16, 24) for y in (8, 16, 32, 64)]
@@ -48,28 +51,43 @@ PATTERNS = {"stream": STREAM, "reread": REREAD, "stream_reread": STREAM_REREAD, 
 METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum", "gpu__time_duration.sum")
 
 
+def chunks(mib: int):
+    """16-byte chunks in `mib` MiB, as the kernels take a count."""
+    import cupy
+
+    return cupy.uint64(mib * MiB // 16)
+
+
+def profile(script: str, out: Path, csv_name: str) -> tuple[str, str]:
+    """Run `script --target` under ncu (application replay, no cache control: the program flushes) and save
+    the raw CSV as out/csv_name; the command and the CSV text."""
+    command = ["ncu", "--clock-control", "none", "--cache-control", "none", "--replay-mode", "application",
+               "--csv", "--print-units", "base", "--metrics", ",".join(METRICS), sys.executable, script, "--target"]
+    run = subprocess.run(command, capture_output=True, text=True, check=True)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / csv_name).write_text(run.stdout)
+    return " ".join(command), run.stdout
+
+
 def target() -> None:
     import cupy
 
     module = cupy.RawModule(code=SOURCE)
     write, read, flush = (module.get_function(name) for name in ("probe_write", "probe_read", "flush_read"))
     W, R, F = (cupy.ones(size // 4, dtype=cupy.float32) for size in (128 * MiB, 256 * MiB, 512 * MiB))
-    never = cupy.zeros(1, dtype=cupy.float32)
-    grid, block = (132 * 4,), (256,)
-
-    def n4(mib):
-        return cupy.uint64(mib * MiB // 16)
+    never, same = cupy.zeros(1, dtype=cupy.float32), cupy.int32(0)
+    grid, block = (GRID,), (BLOCK,)
 
     for pattern, sizes in PATTERNS.items():
         for x, y in sizes:
-            flush(grid, block, (F, n4(512), never))
-            write(grid, block, (W, n4(x)))
+            flush(grid, block, (F, chunks(512), same, never))
+            write(grid, block, (W, chunks(x)))
             if pattern in ("stream", "stream_reread"):
-                read(grid, block, (R, n4(y), never))
+                read(grid, block, (R, chunks(y), same, never))
             if pattern == "write_write":
-                write(grid, block, (R, n4(y)))
+                write(grid, block, (R, chunks(y)))
             if pattern in ("reread", "stream_reread"):
-                read(grid, block, (W, n4(x), never))
+                read(grid, block, (W, chunks(x), same, never))
     cupy.cuda.Device().synchronize()
 
 
@@ -95,14 +113,9 @@ def rows_from_csv(text: str) -> list[dict]:
 
 
 def main(out: Path) -> None:
-    command = ["ncu", "--clock-control", "none", "--cache-control", "none", "--replay-mode", "application",
-               "--csv", "--print-units", "base", "--metrics", ",".join(METRICS),
-               sys.executable, __file__, "--target"]
-    run = subprocess.run(command, capture_output=True, text=True, check=True)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "probe_ncu.csv").write_text(run.stdout)
-    rows = rows_from_csv(run.stdout)
-    (out / "probe.json").write_text(json.dumps({"command": " ".join(command), "rows": rows}, indent=1))
+    command, csv_text = profile(__file__, out, "probe_ncu.csv")
+    rows = rows_from_csv(csv_text)
+    (out / "probe.json").write_text(json.dumps({"command": command, "rows": rows}, indent=1))
     for row in rows:
         cells = "  ".join(f"{k['name']}: R {k['dram_read_bytes'] / MiB:6.1f} W {k['dram_write_bytes'] / MiB:6.1f}"
                           for k in row["kernels"])
