@@ -14,7 +14,7 @@
 // - A warp holds at most 64 columns of S_ij at d = 128 (128 at d = 64) next to its 32 rows of a_i:
 //   wider KV tiles are computed in column slices, each one online-softmax update.
 // - A KV tile inside n_kv (all but a ragged last one) is copied with no test per row: its cp.async
-//   instructions at constant offsets, under half the instructions of a copy that checks each row.
+//   instructions at constant offsets, without a compare and a select for each row.
 //
 // INSTRUMENTED (compile-time), as in version 1: count the HBM bytes each copy instruction moved per
 // tensor, and record m_i, l_i after every KV tile of one chosen (head, tile); compiled out otherwise.

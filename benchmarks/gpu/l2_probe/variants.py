@@ -1,0 +1,210 @@
+"""Variants of the L2 model (simflash.l2), tried against the probe (probe.json) and the whole-chip sweeps,
+none of them kept: the scores docs/physical.md quotes for them.
+
+    python benchmarks/gpu/l2_probe/variants.py [VARIANT ...] [--sweeps] [--probe-rows]
+
+Per variant: the probe's kernel rows predicted (DRAM bytes read and written, within 10% / 1 MiB, and the
+absolute error in MiB), and the calibration sweep's fit rows within 10% / 1 MiB (naive and simflash's
+FA-2 kernel, reads and writes, cold and warm: 256 in all), as the model's own figures were chosen. With
+--sweeps, every other sweep's rows too (run only after a variant has been judged on the fit rows); with
+--probe-rows, each probe kernel's DRAM MiB read and written, predicted / measured.
+"""
+
+import json
+import sys
+from collections import OrderedDict
+from pathlib import Path
+
+import attrs
+
+import simflash.model.physical as physical
+from simflash.config import MiB, gpu_spec
+from simflash.l2 import RESIDUE, L2Cache, L2Mixture
+from simflash.model.calibration import SWEEPS, compare, load
+
+HERE = Path(__file__).resolve().parent
+SWEEP_FOLDER = HERE.parent
+RESIDUE_BLOCK = 64 * 1024
+PROBE_BLOCK = 256 * 1024
+
+
+@attrs.define
+class L2Variant(L2Cache):
+    """L2Cache with four switches: dirty bytes capped at `dirty_limit` (beyond it the least recently used
+    dirty blocks are written back and stay, clean); dirty blocks holding `dirty_weight` of their size; the
+    cold flush's residue as dirty blocks at the least-recently-used end (in place of the ramp); a read of a
+    dirty block leaving its place in the order unchanged."""
+
+    dirty_limit: float = float("inf")
+    dirty_weight: float = 1.0
+    residue_blocks: bool = False
+    dirty_read_keeps_place: bool = False
+    _dirty: OrderedDict = attrs.field(factory=OrderedDict)  # dirty keys, least recently used first
+    _dirty_bytes: int = 0
+
+    def read(self, key, nbytes, count=1):
+        block = self._blocks.get(key)
+        if block is None or not block[1]:
+            super().read(key, nbytes, count)
+            return
+        held = nbytes * self.dirty_weight * (self.cohort_weight if count > 1 else 1.0)
+        self._resident_cost += held - block[2]
+        block[2] = held
+        self._flow(key[0])[0] += nbytes * count
+        if not self.dirty_read_keeps_place:
+            self._blocks.move_to_end(key)
+            self._dirty.move_to_end(key)
+        self._evict()
+
+    def write(self, key, nbytes):
+        self._flow(key[0])[4] += nbytes
+        block = self._blocks.pop(key, None)
+        if block is not None:
+            self._resident_cost -= block[2]
+            self._forget_dirty(key)
+        self._blocks[key] = [nbytes, True, nbytes * self.dirty_weight]
+        self._resident_cost += nbytes * self.dirty_weight
+        self._dirty[key] = nbytes
+        self._dirty_bytes += nbytes
+        if block is None:
+            self._filled += nbytes
+            self._evict_residue()
+        self._clean()
+        self._evict()
+
+    def flush(self, residue=False):
+        super().flush(residue and not self.residue_blocks)
+        self._dirty.clear()
+        self._dirty_bytes = 0
+        if residue and self.residue_blocks:
+            for i, start in enumerate(range(0, self.flush_residue_bytes, RESIDUE_BLOCK)):
+                nbytes = min(RESIDUE_BLOCK, self.flush_residue_bytes - start)
+                self._blocks[RESIDUE, i] = [nbytes, True, nbytes]
+                self._resident_cost += nbytes
+                self._dirty[RESIDUE, i] = nbytes
+                self._dirty_bytes += nbytes
+
+    def _forget_dirty(self, key):
+        self._dirty_bytes -= self._dirty.pop(key, 0)
+
+    def _clean(self):
+        while self._dirty_bytes > self.dirty_limit:
+            key, nbytes = self._dirty.popitem(last=False)
+            self._dirty_bytes -= nbytes
+            block = self._blocks[key]
+            self._resident_cost += nbytes - block[2]  # clean, it holds its full size
+            block[1], block[2] = False, nbytes
+            self._flow(key[0])[2] += nbytes
+
+    def _evict(self):
+        while self._resident_cost > self.capacity_bytes and self._blocks:
+            key, (nbytes, dirty, cost) = self._blocks.popitem(last=False)
+            self._resident_cost -= cost
+            if dirty:
+                self._flow(key[0])[2] += nbytes
+                self._forget_dirty(key)
+
+
+# The machine file's model, then each variant's changes to it (capacities in MiB).
+VARIANTS = {
+    "current": {},
+    "probe": dict(capacities=(38, 44, 50, 56), read_fill_weight=1.0, cohort_weight=1.6, dirty_limit=28.2,
+                  residue_blocks=True),
+    "cap-on-fitted": dict(capacities=(27.5, 32.5), read_fill_weight=0.65, cohort_weight=1.0, dirty_weight=0.65,
+                          dirty_limit=28.2, residue_blocks=True),
+    "dirty-read-keeps-place": dict(dirty_read_keeps_place=True),
+    "dirty-weight-0.7": dict(dirty_weight=0.7),
+    "dirty-weight-0.9": dict(dirty_weight=0.9),
+    "dirty-cap-14": dict(dirty_limit=14.0),
+    "dirty-cap-20": dict(dirty_limit=20.0),
+    "mixture-3": dict(capacities=(23.5, 28.5, 33.5)),
+    "mixture-5": dict(capacities=(26, 28.5, 31, 33.5, 36)),
+}
+
+
+def l2_of(variant: dict):
+    """A factory for simflash.model.physical.l2_cache: the machine file's L2 with the variant's changes."""
+
+    def make(gpu):
+        cal = gpu.calibration
+        centre, spread = cal["l2_effective_bytes"] / MiB, cal["l2_capacity_spread_bytes"] / MiB
+        options = {"read_fill_weight": cal["l2_read_fill_weight"], "flush_residue_bytes": int(cal["l2_flush_residue_bytes"]),
+                   "residue_ramp_bytes": cal["l2_residue_ramp_bytes"], "cohort_weight": cal["l2_cohort_weight"],
+                   **{k: v for k, v in variant.items() if k != "capacities"}}
+        options["dirty_limit"] = options.get("dirty_limit", float("inf")) * MiB
+        capacities = variant.get("capacities", (centre - spread, centre + spread))
+        return L2Mixture(tuple(L2Variant(c * MiB, **options) for c in capacities))
+
+    return make
+
+
+def probe_rows(variant: dict, show_rows: bool = False) -> tuple[int, int, float]:
+    """The probe's kernel rows (reads and writes) within 10% / 1 MiB, their number, and the absolute error;
+    each row printed with `show_rows`."""
+    make = l2_of(variant)
+    ok = total = 0
+    error = 0.0
+    for row in json.loads((HERE / "probe.json").read_text())["rows"]:
+        l2 = make(gpu_spec("H200"))
+        l2.flush()
+        steps = [("write", "W", row["x_mib"])]
+        steps += {"stream": [("read", "R", row["y_mib"])], "reread": [("read", "W", row["x_mib"])],
+                  "stream_reread": [("read", "R", row["y_mib"]), ("read", "W", row["x_mib"])],
+                  "write_write": [("write", "R", row["y_mib"])]}[row["pattern"]]
+        for step, (op, buffer, mib) in enumerate(steps):
+            l2.kernel = f"k{step}"
+            for block in range(mib * MiB // PROBE_BLOCK):
+                getattr(l2, op)((buffer, block), PROBE_BLOCK)
+            l2.end_kernel()
+        flows = l2.traffic().by_kernel
+        if show_rows:
+            print(f"    {row['pattern']:14s} X={row['x_mib']:3d} Y={row['y_mib']:3d}  " + "  ".join(
+                f"{k['name']}: R {flows[f'k{step}'].dram_read_bytes / MiB:5.1f} / {k['dram_read_bytes'] / MiB:5.1f}"
+                f" W {flows[f'k{step}'].dram_write_bytes / MiB:5.1f} / {k['dram_write_bytes'] / MiB:5.1f}"
+                for step, k in enumerate(row["kernels"])))
+        for step, measured in enumerate(row["kernels"]):
+            for key in ("dram_read_bytes", "dram_write_bytes"):
+                predicted = getattr(flows[f"k{step}"], key)
+                total += 1
+                ok += abs(predicted - measured[key]) <= max(0.1 * measured[key], MiB)
+                error += abs(predicted - measured[key]) / MiB
+    return ok, total, error
+
+
+def sweep_rows(sweep: str, subset: str | None = None) -> dict[tuple[str, str, str], list[int]]:
+    """{(implementation, cache, reads | writes): [rows within 10% / 1 MiB, rows]} of a sweep's naive and FA-2 rows."""
+    counts: dict[tuple[str, str, str], list[int]] = {}
+    for mode in ("cold", "warm"):
+        for c in compare(load(SWEEP_FOLDER / f"{sweep}_{mode}.json"), implementations=("naive", "fa2"), sweep=sweep):
+            if subset is not None and c.subset != subset:
+                continue
+            for key, name in (("dram_read_bytes", "reads"), ("dram_write_bytes", "writes")):
+                cell = counts.setdefault((c.implementation, mode, name), [0, 0])
+                cell[0] += c.ok(key)
+                cell[1] += 1
+    return counts
+
+
+def show(counts: dict[tuple[str, str, str], list[int]]) -> str:
+    within = sum(ok for ok, _ in counts.values())
+    rows = sum(n for _, n in counts.values())
+    cells = "  ".join(f"{i} {m} {k} {ok}/{n}" for (i, m, k), (ok, n) in sorted(counts.items()))
+    return f"{within} of {rows}  ({cells})"
+
+
+def main(names: list[str], sweeps: bool, show_rows: bool) -> None:
+    for name in names or list(VARIANTS):
+        variant = VARIANTS[name]
+        physical.l2_cache = l2_of(variant)  # what predict() builds its L2 with
+        ok, total, error = probe_rows(variant, show_rows)
+        print(f"{name}: probe {ok} of {total} within, {error:.0f} MiB off in all", flush=True)
+        print(f"  calibration fit: {show(sweep_rows('calibration', 'fit'))}", flush=True)
+        if sweeps:
+            print(f"  calibration held-out: {show(sweep_rows('calibration', 'held-out'))}", flush=True)
+            for sweep in SWEEPS[1:]:
+                print(f"  {sweep}: {show(sweep_rows(sweep))}", flush=True)
+
+
+if __name__ == "__main__":
+    flags = {"--sweeps", "--probe-rows"}
+    main([a for a in sys.argv[1:] if a not in flags], "--sweeps" in sys.argv[1:], "--probe-rows" in sys.argv[1:])
