@@ -292,6 +292,28 @@ def test_naive_time_figures_come_out_of_their_fit():
         assert sf.GPUS["H200"].calibration[key] == pytest.approx(fitted[key], rel=2e-3), key
 
 
+def test_spill_write_figures_come_out_of_their_fit():
+    """SDPA's spill figures in the machine file are what `fit_spill_writes` computes from the committed
+    calibration sweep (fit set, cold and warm), to the four digits written there; and a prediction's
+    DRAM writes carry them (simflash's kernel has none)."""
+    import json
+    from pathlib import Path
+
+    from simflash.model.calibration import fit_spill_writes
+
+    root = Path(__file__).resolve().parents[1] / "benchmarks/gpu"
+    fitted = fit_spill_writes([json.loads((root / f"calibration_{mode}.json").read_text()) for mode in ("cold", "warm")])
+    written = {k: v for k, v in sf.GPUS["H200"].calibration.items() if k.startswith("spill_")}
+    assert sorted(written) == sorted(fitted) and len(fitted) == 8
+    for key, value in fitted.items():
+        assert written[key] == pytest.approx(value, rel=2e-3), key
+    sdpa = predict("fa2", 4096, 128, heads=32, kernel="sdpa_flash").kernels[0]
+    ctas, steps = 32 * 32, 32 * 32 * 64
+    assert sdpa.spill_write_bytes == round(written["spill_sdpa_flash_d128_cta_bytes"] * ctas
+                                           + written["spill_sdpa_flash_d128_step_bytes"] * steps)
+    assert predict("fa2", 4096, 128, heads=32).kernels[0].spill_write_bytes == 0
+
+
 def test_the_pv_gemm_writes_o_a_wave_at_a_time():
     """N = 1024, d = 128, fp16: rows of S stream in blocks of 128. With waves of 512 rows of O, the P V
     GEMM's CTA reads P block by block and writes O's four blocks of a wave at its last block (steps 3 and

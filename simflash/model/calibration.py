@@ -23,10 +23,12 @@ import numpy as np
 
 from scipy.optimize import least_squares
 
+from simflash.algorithms import FLASH_ALGORITHMS
 from simflash.algorithms.naive import stored_per_row
+from simflash.chip import kernel_profile
 from simflash.config import MiB, GPUSpec, gpu_spec
 from simflash.l2 import L2Flow
-from simflash.model.physical import naive_seconds, predict
+from simflash.model.physical import naive_seconds, predict, spill_key
 from simflash.schedule import TileSchedule
 
 FIT_EVERY = 3  # configuration k of the sweep is in the fit set when k % FIT_EVERY == 0
@@ -135,6 +137,39 @@ def fit_naive_time(measurement: dict, gpu: GPUSpec | str = "H200") -> dict[str, 
     fit = least_squares(lambda x: np.log(seconds(x) / measured), x0=[3.0, 3.0, 400.0, 5.0, 1.0],
                         bounds=([0.0, 0.1, 10.0, 0.1, 0.0], [50.0, 20.0, 2000.0, 50.0, 100.0]))
     return dict(zip(NAIVE_TIME_KEYS, (float(v) for v in fit.x * scales)))
+
+
+def fit_spill_writes(measurements: Iterable[dict], gpu: GPUSpec | str = "H200") -> dict[str, float]:
+    """SDPA's spill figures (`simflash.model.physical.spill_write_bytes`): for each compiled instantiation
+    (head dimension, mask), the bytes per CTA and per KV tile step that make the DRAM writes of the fit
+    set's SDPA rows, cold and warm, what ncu measured. Least squares on the relative error, the L2 model's
+    prediction without spills taken from each measured figure."""
+    spec = gpu if isinstance(gpu, GPUSpec) else gpu_spec(gpu)
+    bare = attrs.evolve(spec, calibration={k: v for k, v in spec.calibration.items() if not k.startswith("spill_")})
+    profile = kernel_profile("sdpa_flash")
+    rows: dict[str, list[tuple[int, int, float]]] = {}  # instantiation -> (CTAs, tile steps, measured - predicted)
+    measured: dict[str, list[int]] = {}
+    for measurement in measurements:
+        for index, entry in enumerate(measurement["configs"]):
+            c = entry["config"]
+            if c["algorithm"] != "sdpa_flash" or index % FIT_EVERY != 0:
+                continue
+            predicted = predict("fa2", c["n"], c["d"], heads=c["heads"], causal=c["causal"], gpu=bare,
+                                cache=measurement["cache"], kernel="sdpa_flash").kernels[0].dram_write_bytes
+            sched = TileSchedule(c["n"], c["n"], *profile.tiles(c["d"]), causal=c["causal"])
+            ctas = FLASH_ALGORITHMS["fa2"].grid(sched, c["heads"], longest_first=profile.longest_first)
+            written = entry["kernels"][0]["dram_write_bytes"]
+            key = spill_key("sdpa_flash", c["d"], c["causal"])
+            rows.setdefault(key, []).append((len(ctas), sum(cta.n_steps for cta in ctas), written - predicted))
+            measured.setdefault(key, []).append(written)
+    figures = {}
+    for key, group in rows.items():
+        scale = np.array(measured[key], dtype=float)
+        counts = np.array([(ctas, steps) for ctas, steps, _ in group], dtype=float) / scale[:, None]
+        extra = np.array([e for _, _, e in group], dtype=float) / scale
+        per_cta, per_step = np.linalg.lstsq(counts, extra, rcond=None)[0]
+        figures[f"{key}_cta_bytes"], figures[f"{key}_step_bytes"] = float(per_cta), float(per_step)
+    return figures
 
 
 def summary(comparisons: list[Comparison]) -> dict:

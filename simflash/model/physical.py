@@ -4,6 +4,8 @@ A traffic-only run: each kernel's CTAs (simflash.algorithms) as programs without
 onto the chip's CTA slots in lock-step (simflash.grid), every transfer through the L2 model
 (simflash.l2), cold (flushed before every kernel) or warm (flushed once before the first). Per kernel:
 logical bytes, L2 hits, DRAM reads and writes, dirty bytes left in the L2, and a predicted time.
+A kernel that spills registers also writes some of its stack frame to DRAM (`spill_write_bytes`),
+which the logical ledger does not see; its DRAM writes include them.
 
 Time, per kernel: the larger of
 - compute: the makespan of the lock-step schedule (in tile steps: waves, and the causal imbalance
@@ -26,7 +28,7 @@ from simflash.algorithms.naive import KERNELS as NAIVE_KERNELS
 from simflash.algorithms.naive import concurrent_heads, naive_grid, naive_program, stored_per_row
 from simflash.chip import gemm_pv_wave_rows, kernel_profile, l2_cache, resident_ctas
 from simflash.config import GPUSpec, check_causal_variant, check_positive_int, gpu_spec, storage_dtype
-from simflash.grid import run_programs
+from simflash.grid import CTA, run_programs
 from simflash.l2 import L2, L2Flow
 from simflash.schedule import TileSchedule
 
@@ -44,6 +46,7 @@ class KernelPrediction:
     dram_read_bytes: int
     dram_write_bytes: int
     dirty_at_end_bytes: int  # still in the L2 when the kernel ends: not DRAM traffic of this kernel
+    spill_write_bytes: int  # DRAM writes of register spills (part of dram_write_bytes)
     time_s: float
     bound: str  # which term set the time: "compute", "dram" or "l2"
     ctas: int
@@ -108,10 +111,11 @@ def predict(
     l2.kernel = fa2.kernel
     steps = run_programs((fa2.program(sched, cta, d, itemsize) for cta in ctas), slots, l2)
     l2.end_kernel()
-    flow = l2.traffic().by_kernel[fa2.kernel]
+    spills = spill_write_bytes(spec, kernel, d, causal, ctas)
+    flow = l2.traffic().by_kernel[fa2.kernel] + L2Flow(dram_write_bytes=spills)
     per_step = _flash_step_seconds(spec, kernel, block_q, block_kv, d, slots // spec.sm_count)
     terms = _flash_seconds(spec, flow, steps * per_step)
-    return PhysicalPrediction(config, (_prediction(fa2.kernel, flow, terms, LAUNCH_SECONDS, len(ctas), slots, steps),))
+    return PhysicalPrediction(config, (_prediction(fa2.kernel, flow, terms, LAUNCH_SECONDS, len(ctas), slots, steps, spills),))
 
 
 def _naive(spec, l2: L2, n, n_kv, d, heads, causal, causal_variant, itemsize, cache):
@@ -132,6 +136,24 @@ def _naive(spec, l2: L2, n, n_kv, d, heads, causal, causal_variant, itemsize, ca
         launch = spec.calibration.get("naive_launch_seconds", LAUNCH_SECONDS)
         predictions.append(_prediction(kernel, flow, terms, launch, heads, slots, steps))
     return tuple(predictions)
+
+
+def spill_key(kernel: str, d: int, causal: bool) -> str:
+    """The prefix of a compiled instantiation's spill figures in the machine file's [calibration] table."""
+    return f"spill_{kernel}_d{d}" + ("_causal" if causal else "")
+
+
+def spill_write_bytes(spec: GPUSpec, kernel: str, d: int, causal: bool, ctas: list[CTA]) -> int:
+    """DRAM writes of a kernel's register spills. PyTorch's FA-2 kernel keeps a stack frame of 112-144
+    bytes a thread in local memory (benchmarks/gpu/sdpa_resource_usage_sm90.txt): its SMs store many
+    times O there, and the L2 gives some of those lines up to DRAM, some bytes per CTA and some per KV
+    tile step. Both are fitted per compiled instantiation (head dimension, mask) on the calibration
+    sweep's fit set (`simflash.model.calibration.fit_spill_writes`); 0 where the machine file has no
+    figures (simflash's kernel, whose DRAM writes are O alone; SDPA at a head dimension not measured)."""
+    key = spill_key(kernel, d, causal)
+    per_cta = spec.calibration.get(f"{key}_cta_bytes", 0.0)
+    per_step = spec.calibration.get(f"{key}_step_bytes", 0.0)
+    return round(per_cta * len(ctas) + per_step * sum(cta.n_steps for cta in ctas))
 
 
 def naive_seconds(spec: GPUSpec, kernel: str, flow: L2Flow, gemm_flops: int, rows: int, exps: int) -> dict[str, float]:
@@ -172,12 +194,12 @@ def _flash_seconds(spec: GPUSpec, flow: L2Flow, compute_s: float) -> dict[str, f
 
 
 def _prediction(kernel: str, flow: L2Flow, terms: dict[str, float], launch_s: float, ctas: int, slots: int,
-                steps: int) -> KernelPrediction:
+                steps: int, spills: int = 0) -> KernelPrediction:
     """The kernel's time is its largest term plus the launch."""
     bound = max(terms, key=terms.__getitem__)
     return KernelPrediction(
         kernel=kernel, logical_read_bytes=flow.read_bytes, logical_write_bytes=flow.write_bytes,
         l2_hit_bytes=flow.hit_bytes, dram_read_bytes=flow.dram_read_bytes, dram_write_bytes=flow.dram_write_bytes,
-        dirty_at_end_bytes=flow.dirty_at_end_bytes, time_s=terms[bound] + launch_s, bound=bound,
+        dirty_at_end_bytes=flow.dirty_at_end_bytes, spill_write_bytes=spills, time_s=terms[bound] + launch_s, bound=bound,
         ctas=ctas, resident_ctas=slots, makespan_steps=steps,
     )
