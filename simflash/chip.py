@@ -26,6 +26,7 @@ class KernelProfile:
     registers: Callable[[int], int]  # d -> registers per thread
     shared_bytes: Callable[[int, int, int, int], int]  # (block_q, block_kv, d, itemsize) -> per CTA
     longest_first: bool  # blockIdx.x = T_r - 1 - i (longest causal rows first)
+    spills: bool  # compiled with a stack frame in local memory: its DRAM writes include spills
     tiles: Callable[[int], tuple[int, int]]  # d -> the (block_q, block_kv) it uses by default
 
 
@@ -34,13 +35,14 @@ KERNEL_PROFILES = {
     # shared memory; registers as the compiler gave them (`simflash gpu info` on the H200).
     "simflash": KernelProfile(
         "simflash", threads=lambda bq, bkv, d: bq // 16 * 32, registers=lambda d: 232 if d > 64 else 128,
-        shared_bytes=lambda bq, bkv, d, b: (bq + 4 * bkv) * d * b, longest_first=True, tiles=lambda d: (128, 64)),
+        shared_bytes=lambda bq, bkv, d, b: (bq + 4 * bkv) * d * b, longest_first=True, spills=False, tiles=lambda d: (128, 64)),
     # FlashAttention-2 in PyTorch (Flash_fwd_kernel_traits<d, 128, 64 or 128, 4 warps>, as ncu names the
-    # kernel): Q_i, K_j and V_j in shared memory, 255 registers; query tiles in ascending order.
+    # kernel): Q_i, K_j and V_j in shared memory, 255 registers and a stack frame (spills); query tiles
+    # in ascending order.
     "sdpa_flash": KernelProfile(
         "sdpa_flash", threads=lambda bq, bkv, d: 128, registers=lambda d: 255,
         shared_bytes=lambda bq, bkv, d, b: (bq + 2 * bkv) * d * b, longest_first=False,
-        tiles=lambda d: (128, 64) if d > 64 else (128, 128)),
+        spills=True, tiles=lambda d: (128, 64) if d > 64 else (128, 128)),
 }
 
 

@@ -19,7 +19,8 @@ PROFILE = REPO / "benchmarks" / "gpu" / "profile.json"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 runner = CliRunner()
 WIDE = {"COLUMNS": "200"}
-BYTE_KEYS = ("logical_read_bytes", "logical_write_bytes", "l2_hit_bytes", "dram_read_bytes", "dram_write_bytes")
+BYTE_KEYS = ("logical_read_bytes", "logical_write_bytes", "l2_hit_bytes", "dram_read_bytes", "dram_write_bytes",
+             "spill_write_bytes")
 
 
 def invoke(*args: str):
@@ -58,7 +59,7 @@ def test_json_has_the_documented_keys_and_integer_bytes():
     result = invoke("--n", "512", "--d", "64", "--heads", "2", "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
-    assert set(data) == {"kernels", "config"}
+    assert set(data) == {"kernels", "config", "notes"} and data["notes"] == []
     assert [k["kernel"] for k in data["kernels"]] == ["flash2_forward"]
     kernel = data["kernels"][0]
     for key in BYTE_KEYS:

@@ -312,6 +312,9 @@ def test_spill_write_figures_come_out_of_their_fit():
     assert sdpa.spill_write_bytes == round(written["spill_sdpa_flash_d128_cta_bytes"] * ctas
                                            + written["spill_sdpa_flash_d128_step_bytes"] * steps)
     assert predict("fa2", 4096, 128, heads=32).kernels[0].spill_write_bytes == 0
+    unfitted = predict("fa2", 1024, 96, kernel="sdpa_flash", causal=True)
+    assert unfitted.kernels[0].spill_write_bytes == 0 and "no spill figures for sdpa_flash at d=96 causal" in unfitted.notes[0]
+    assert predict("fa2", 1024, 128, kernel="sdpa_flash").notes == ()
 
 
 def test_the_pv_gemm_writes_o_a_wave_at_a_time():

@@ -146,6 +146,8 @@ def _print(result: dict, with_measured: bool) -> None:
         console.print(_table("bytes in MiB, predicted vs measured", columns, rows, text_columns=(0,)))
     console.print("DRAM bytes are what the kernel moves while it runs (what ncu's dram__bytes counts); dirty "
                   "bytes left in the L2 at its end are written back later, outside it.")
+    for note in result["notes"]:
+        console.print(f"note: {escape(note)}")
     for k in kernels:
         if k["spill_write_bytes"]:
             console.print(f"{k['kernel']}'s DRAM writes include {_mib(k['spill_write_bytes'])} MiB of register "

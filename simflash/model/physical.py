@@ -61,12 +61,13 @@ class KernelPrediction:
 class PhysicalPrediction:
     config: dict
     kernels: tuple[KernelPrediction, ...]
+    notes: tuple[str, ...] = ()  # what the prediction leaves out, in words
 
     def kernel(self, name: str) -> KernelPrediction:
         return next(k for k in self.kernels if k.kernel == name)
 
     def to_dict(self) -> dict:
-        return {"config": self.config, "kernels": [k.to_dict() for k in self.kernels]}
+        return {"config": self.config, "kernels": [k.to_dict() for k in self.kernels], "notes": list(self.notes)}
 
 
 def predict(
@@ -115,7 +116,12 @@ def predict(
     flow = l2.traffic().by_kernel[fa2.kernel] + L2Flow(dram_write_bytes=spills)
     per_step = _flash_step_seconds(spec, kernel, block_q, block_kv, d, slots // spec.sm_count)
     terms = _flash_seconds(spec, flow, steps * per_step)
-    return PhysicalPrediction(config, (_prediction(fa2.kernel, flow, terms, LAUNCH_SECONDS, len(ctas), slots, steps, spills),))
+    notes: tuple[str, ...] = ()
+    if profile.spills and f"{spill_key(kernel, d, causal)}_cta_bytes" not in spec.calibration:
+        notes = (f"{spec.name}'s machine file has no spill figures for {kernel} at d={d}{' causal' if causal else ''}: "
+                 "the DRAM writes leave out the kernel's register spills",)
+    kernels = (_prediction(fa2.kernel, flow, terms, LAUNCH_SECONDS, len(ctas), slots, steps, spills),)
+    return PhysicalPrediction(config, kernels, notes)
 
 
 def _naive(spec, l2: L2, n, n_kv, d, heads, causal, causal_variant, itemsize, cache):
