@@ -174,10 +174,12 @@ def fit_spill_writes(measurements: Iterable[dict], gpu: GPUSpec | str = "H200") 
 
 
 def summary(comparisons: list[Comparison]) -> dict:
-    """Pass rates and error distributions, by set (fit, held-out), cache mode and implementation."""
+    """Pass rates and error distributions, by set (fit, held-out), cache mode and implementation, and
+    over all implementations ("all")."""
     groups: dict[tuple[str, str, str], list[Comparison]] = {}
     for c in comparisons:
         groups.setdefault((c.subset, c.cache, c.implementation), []).append(c)
+        groups.setdefault((c.subset, c.cache, "all"), []).append(c)
     out = []
     for (subset, cache, implementation), rows in sorted(groups.items()):
         entry = {"set": subset, "cache": cache, "implementation": implementation, "kernel_rows": len(rows)}
