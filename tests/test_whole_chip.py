@@ -315,6 +315,8 @@ def test_spill_write_figures_come_out_of_their_fit():
     unfitted = predict("fa2", 1024, 96, kernel="sdpa_flash", causal=True)
     assert unfitted.kernels[0].spill_write_bytes == 0 and "no spill figures for sdpa_flash at d=96 causal" in unfitted.notes[0]
     assert predict("fa2", 1024, 128, kernel="sdpa_flash").notes == ()
+    other_tiles = predict("fa2", 1024, 128, kernel="sdpa_flash", block_kv=128)
+    assert other_tiles.kernels[0].spill_write_bytes == 0 and "its own tiles (128x64)" in other_tiles.notes[0]
 
 
 def test_the_pv_gemm_writes_o_a_wave_at_a_time():

@@ -26,7 +26,7 @@ import attrs
 from simflash.algorithms import FLASH_ALGORITHMS
 from simflash.algorithms.naive import KERNELS as NAIVE_KERNELS
 from simflash.algorithms.naive import concurrent_heads, naive_grid, naive_program, stored_per_row
-from simflash.chip import gemm_pv_wave_rows, kernel_profile, l2_cache, resident_ctas
+from simflash.chip import KernelProfile, gemm_pv_wave_rows, kernel_profile, l2_cache, resident_ctas
 from simflash.config import GPUSpec, check_causal_variant, check_positive_int, gpu_spec, storage_dtype
 from simflash.grid import CTA, run_programs
 from simflash.l2 import L2, L2Flow
@@ -112,16 +112,28 @@ def predict(
     l2.kernel = fa2.kernel
     steps = run_programs((fa2.program(sched, cta, d, itemsize) for cta in ctas), slots, l2)
     l2.end_kernel()
-    spills = spill_write_bytes(spec, kernel, d, causal, ctas)
+    own_build = (block_q, block_kv) == profile.tiles(d) and itemsize == 2  # the instantiations the figures are of
+    spills = spill_write_bytes(spec, kernel, d, causal, ctas) if own_build else 0
     flow = l2.traffic().by_kernel[fa2.kernel] + L2Flow(dram_write_bytes=spills)
     per_step = _flash_step_seconds(spec, kernel, block_q, block_kv, d, slots // spec.sm_count)
     terms = _flash_seconds(spec, flow, steps * per_step)
-    notes: tuple[str, ...] = ()
-    if profile.spills and f"{spill_key(kernel, d, causal)}_cta_bytes" not in spec.calibration:
-        notes = (f"{spec.name}'s machine file has no spill figures for {kernel} at d={d}{' causal' if causal else ''}: "
-                 "the DRAM writes leave out the kernel's register spills",)
     kernels = (_prediction(fa2.kernel, flow, terms, LAUNCH_SECONDS, len(ctas), slots, steps, spills),)
-    return PhysicalPrediction(config, kernels, notes)
+    return PhysicalPrediction(config, kernels, _spill_notes(spec, profile, d, causal, own_build))
+
+
+def _spill_notes(spec: GPUSpec, profile: KernelProfile, d: int, causal: bool, own_build: bool) -> tuple[str, ...]:
+    """Where a kernel that spills is predicted without its spill writes, a note saying so and why."""
+    if not profile.spills:
+        return ()
+    build = f"{profile.name} at d={d}{' causal' if causal else ''}"
+    if not own_build:
+        block_q, block_kv = profile.tiles(d)
+        return (f"{build} spills as compiled for its own tiles ({block_q}x{block_kv}) in a 16-bit dtype; for other "
+                "tiles or dtypes the DRAM writes leave its register spills out",)
+    if f"{spill_key(profile.name, d, causal)}_cta_bytes" not in spec.calibration:
+        return (f"{spec.name}'s machine file has no spill figures for {build}: the DRAM writes leave out the "
+                "kernel's register spills",)
+    return ()
 
 
 def _naive(spec, l2: L2, n, n_kv, d, heads, causal, causal_variant, itemsize, cache):
