@@ -26,6 +26,7 @@ class KernelProfile:
     registers: Callable[[int], int]  # d -> registers per thread
     shared_bytes: Callable[[int, int, int, int], int]  # (block_q, block_kv, d, itemsize) -> per CTA
     longest_first: bool  # blockIdx.x = T_r - 1 - i (longest causal rows first)
+    kv_descending: bool  # each CTA walks its KV tiles from the last down
     spills: bool  # compiled with a stack frame in local memory: its DRAM writes include spills
     tiles: Callable[[int], tuple[int, int]]  # d -> the (block_q, block_kv) it uses by default
 
@@ -35,14 +36,15 @@ KERNEL_PROFILES = {
     # shared memory; registers as the compiler gave them (`simflash gpu info` on the H200).
     "simflash": KernelProfile(
         "simflash", threads=lambda bq, bkv, d: bq // 16 * 32, registers=lambda d: 232 if d > 64 else 128,
-        shared_bytes=lambda bq, bkv, d, b: (bq + 4 * bkv) * d * b, longest_first=True, spills=False, tiles=lambda d: (128, 64)),
+        shared_bytes=lambda bq, bkv, d, b: (bq + 4 * bkv) * d * b, longest_first=True, kv_descending=False,
+        spills=False, tiles=lambda d: (128, 64)),
     # FlashAttention-2 in PyTorch (Flash_fwd_kernel_traits<d, 128, 64 or 128, 4 warps>, as ncu names the
     # kernel): Q_i, K_j and V_j in shared memory, 255 registers and a stack frame (spills); query tiles
-    # in ascending order.
+    # in ascending order, each CTA's KV tiles from the last down (flash_fwd_kernel.h).
     "sdpa_flash": KernelProfile(
         "sdpa_flash", threads=lambda bq, bkv, d: 128, registers=lambda d: 255,
         shared_bytes=lambda bq, bkv, d, b: (bq + 2 * bkv) * d * b, longest_first=False,
-        spills=True, tiles=lambda d: (128, 64) if d > 64 else (128, 128)),
+        kv_descending=True, spills=True, tiles=lambda d: (128, 64) if d > 64 else (128, 128)),
 }
 
 

@@ -29,16 +29,18 @@ from simflash.trace import TileStep, TraceRequest
 KERNEL = "flash2_forward"
 
 
-def flash2_grid(sched: TileSchedule, heads: int, longest_first: bool = False, group: int = 1) -> list[CTA]:
+def flash2_grid(sched: TileSchedule, heads: int, longest_first: bool = False, group: int = 1,
+                kv_descending: bool = False) -> list[CTA]:
     """One CTA per (head, query tile), query tiles fastest. longest_first: blockIdx.x = T_r - 1 - i,
     as the GPU backend launches them (the longest causal rows start first). group: query heads per
-    K/V head; CTAs that read the same K/V head from the same first tile form a cohort."""
+    K/V head; CTAs that read the same K/V head from the same first tile form a cohort (the last tile of
+    their range where they walk it from the last down, `kv_descending`)."""
     tiles = range(sched.n_q_tiles - 1, -1, -1) if longest_first else range(sched.n_q_tiles)
     ctas = []
     for h in range(heads):
         for i in tiles:
             kv = sched.kv_range(i)
-            ctas.append(CTA((h, i), len(kv), (kv_head(h, group), kv.start)))
+            ctas.append(CTA((h, i), len(kv), (kv_head(h, group), kv.stop if kv_descending else kv.start)))
     return ctas
 
 
@@ -152,11 +154,12 @@ def fold_kv_tiles(gpu: SimulatedGPU, sched: TileSchedule, scale: float, trace: T
 
 
 def flash2_program(sched: TileSchedule, cta: CTA, d: int, itemsize: int, write_logsumexp: bool = False,
-                   group: int = 1) -> CTAProgram:
-    """The transfers of `flash2_cta` for the same CTA, without values (same blocks, same order)."""
+                   group: int = 1, kv_descending: bool = False) -> CTAProgram:
+    """The transfers of `flash2_cta` for the same CTA, without values (same blocks, same order; with
+    `kv_descending`, its KV tiles from the last down, as FlashAttention-2's own kernel walks them)."""
     h, i = cta.index
     rows = sched.q_rows(i)
-    first = sched.kv_range(i).start
+    kv = sched.kv_range(i)
     kv_blocks = _kv_blocks(sched, kv_head(h, group), d * itemsize)
     row_bytes = d * itemsize
     tile_bytes = (rows.stop - rows.start) * row_bytes
@@ -164,8 +167,10 @@ def flash2_program(sched: TileSchedule, cta: CTA, d: int, itemsize: int, write_l
     if write_logsumexp:
         epilogue += (Access(block_key("L", h, rows), (rows.stop - rows.start) * STATE_DTYPE.itemsize, write=True),)
     # a tile with nothing to visit exits without loading Q_i
-    prologue = (Access(block_key("Q", h, rows), tile_bytes),) if len(sched.kv_range(i)) else ()
-    return CTAProgram(cta, lambda step: kv_blocks[first + step], prologue, epilogue)
+    prologue = (Access(block_key("Q", h, rows), tile_bytes),) if len(kv) else ()
+    if kv_descending:
+        return CTAProgram(cta, lambda step: kv_blocks[kv.stop - 1 - step], prologue, epilogue)
+    return CTAProgram(cta, lambda step: kv_blocks[kv.start + step], prologue, epilogue)
 
 
 @functools.lru_cache(maxsize=4)

@@ -158,7 +158,8 @@ def fit_spill_writes(measurements: Iterable[dict], gpu: GPUSpec | str = "H200") 
             predicted = predict("fa2", c["n"], c["d"], heads=c["heads"], causal=c["causal"], gpu=bare,
                                 cache=measurement["cache"], kernel="sdpa_flash").kernels[0].dram_write_bytes
             sched = TileSchedule(c["n"], c["n"], *profile.tiles(c["d"]), causal=c["causal"])
-            ctas = FLASH_ALGORITHMS["fa2"].grid(sched, c["heads"], longest_first=profile.longest_first)
+            ctas = FLASH_ALGORITHMS["fa2"].grid(sched, c["heads"], longest_first=profile.longest_first,
+                                                kv_descending=profile.kv_descending)
             written = entry["kernels"][0]["dram_write_bytes"]
             key = spill_key("sdpa_flash", c["d"], c["causal"])
             rows.setdefault(key, []).append((len(ctas), sum(cta.n_steps for cta in ctas), written - predicted))

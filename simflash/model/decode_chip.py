@@ -53,7 +53,7 @@ THREADS = 128
 SPLIT_PROFILE = KernelProfile(
     "simflash_decode_split", threads=lambda bq, bkv, d: THREADS, registers=lambda d: 168 if d > 64 else 122,
     shared_bytes=lambda bq, bkv, d, b: (bq + STAGES * 2 * bkv) * d * b, longest_first=False,
-    spills=False, tiles=lambda d: (SPLIT_BLOCK_Q, BLOCK_KV[d]))
+    kv_descending=False, spills=False, tiles=lambda d: (SPLIT_BLOCK_Q, BLOCK_KV[d]))
 COMBINE_REGISTERS = 56
 COMBINE_STATIC_SHARED = 2048  # the partial sums of the row's four thread groups
 

@@ -105,12 +105,13 @@ def predict(
     config.update(kernel=kernel, block_q=block_q, block_kv=block_kv)
     sched = TileSchedule(n, n_kv, block_q, block_kv, causal=causal, causal_variant=causal_variant)
     fa2 = FLASH_ALGORITHMS["fa2"]
-    ctas = fa2.grid(sched, heads, longest_first=profile.longest_first)
+    ctas = fa2.grid(sched, heads, longest_first=profile.longest_first, kv_descending=profile.kv_descending)
     assert fa2.program is not None  # fa2 has a traffic-only program
     slots = resident_ctas(spec, profile, block_q, block_kv, d, itemsize)
     l2.flush(residue=cache == "cold")
     l2.kernel = fa2.kernel
-    steps = run_programs((fa2.program(sched, cta, d, itemsize) for cta in ctas), slots, l2)
+    programs = (fa2.program(sched, cta, d, itemsize, kv_descending=profile.kv_descending) for cta in ctas)
+    steps = run_programs(programs, slots, l2)
     l2.end_kernel()
     own_build = (block_q, block_kv) == profile.tiles(d) and itemsize == 2  # the instantiations the figures are of
     spills = spill_write_bytes(spec, kernel, d, causal, ctas) if own_build else 0
