@@ -123,14 +123,15 @@ def lockstep(ctas: Iterable, slots: int, cta_of: Callable[[Any], CTA] = lambda c
         time += 1
 
 
-def run_programs(programs: Iterable[CTAProgram], slots: int, l2: L2) -> int:
-    """Play CTA programs through the L2; returns the kernel's makespan in time steps."""
-    steps = 0
-    for time, cohorts in lockstep(programs, slots, lambda p: p.cta):
-        steps = time + 1
+def run_programs(programs: Iterable[CTAProgram], slots: int, l2: L2) -> list[int]:
+    """Play CTA programs through the L2; returns how many CTAs are resident at each time step (as many
+    entries as the kernel's makespan in time steps)."""
+    resident = []
+    for _, cohorts in lockstep(programs, slots, lambda p: p.cta):
+        resident.append(sum(len(members) for _, members, _ in cohorts))
         for step, members, only_streaming in cohorts:
             _play_step(step, members, only_streaming, l2)
-    return steps
+    return resident
 
 
 def _play_step(step: int, members: list[CTAProgram], only_streaming: bool, l2: L2) -> None:

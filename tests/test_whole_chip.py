@@ -309,6 +309,31 @@ def test_naive_time_figures_come_out_of_their_fit():
         assert sf.GPUS["H200"].calibration[key] == pytest.approx(fitted[key], rel=2e-3), key
 
 
+def test_tensor_efficiencies_come_out_of_their_fit():
+    """Each FA-2 kernel's achieved tensor-core share in the machine file is what `fit_tensor_efficiency`
+    computes from the committed calibration sweep (fit set, CUDA-event times), to the digits written."""
+    import json
+    from pathlib import Path
+
+    from simflash.model.calibration import fit_tensor_efficiency
+
+    root = Path(__file__).resolve().parents[1] / "benchmarks/gpu"
+    sweep, times = (json.loads((root / f"calibration_{name}.json").read_text()) for name in ("cold", "time"))
+    for kernel in ("simflash", "sdpa_flash"):
+        fitted = fit_tensor_efficiency(sweep, times, kernel)
+        assert sf.GPUS["H200"].calibration[f"tensor_efficiency_{kernel}"] == pytest.approx(fitted, rel=5e-4), kernel
+
+
+def test_a_partial_last_wave_has_an_sm_per_cta():
+    """N = 106,496, d = 64, one head: 832 CTAs on 264 slots (two an SM) are three full waves and 40 CTAs
+    that run alone on their SMs. A wave is 1,664 KV tiles and the epilogue; the busiest SM works through
+    two CTAs' steps at each of the full waves' time steps and one at the last's."""
+    p = predict("fa2", 106496, 64).kernels[0]
+    wave = 106496 // 64 + 1
+    assert (p.ctas, p.resident_ctas) == (832, 264)
+    assert (p.makespan_steps, p.busiest_sm_steps) == (4 * wave, (2 * 3 + 1) * wave)
+
+
 def test_spill_write_figures_come_out_of_their_fit():
     """SDPA's spill figures in the machine file are what `fit_spill_writes` computes from the committed
     calibration sweep (fit set, cold and warm), to the four digits written there; and a prediction's

@@ -29,7 +29,7 @@ from simflash.algorithms.naive import stored_per_row
 from simflash.chip import kernel_profile
 from simflash.config import MiB, GPUSpec, gpu_spec
 from simflash.l2 import L2Flow
-from simflash.model.physical import naive_seconds, predict, spill_key
+from simflash.model.physical import LAUNCH_SECONDS, flash_step_work, naive_seconds, predict, spill_key
 from simflash.schedule import TileSchedule
 
 FIT_EVERY = 3  # configuration k of the sweep is in the fit set when k % FIT_EVERY == 0
@@ -138,6 +138,25 @@ def fit_naive_time(measurement: dict, gpu: GPUSpec | str = "H200") -> dict[str, 
     fit = least_squares(lambda x: np.log(seconds(x) / measured), x0=[3.0, 3.0, 400.0, 5.0, 1.0],
                         bounds=([0.0, 0.1, 10.0, 0.1, 0.0], [50.0, 20.0, 2000.0, 50.0, 100.0]))
     return dict(zip(NAIVE_TIME_KEYS, (float(v) for v in fit.x * scales)))
+
+
+def fit_tensor_efficiency(measurement: dict, times: dict, kernel: str, gpu: GPUSpec | str = "H200") -> float:
+    """An FA-2 kernel's achieved fraction of the tensor cores' peak (`tensor_efficiency_{kernel}`): over
+    the fit set's rows of that kernel, its matmuls at peak against its CUDA-event time less the launch and
+    the exponentials and FP32 work, all over the busiest SM's steps of the lock-step schedule; the median."""
+    spec = gpu if isinstance(gpu, GPUSpec) else gpu_spec(gpu)
+    implementation = next(name for name, of in KERNEL_OF.items() if of == kernel and name != "naive")
+    timed = {json.dumps(t["config"], sort_keys=True): t["time_s"] for t in times["configs"]}
+    ratios = []
+    for index, entry in enumerate(measurement["configs"]):
+        c = entry["config"]
+        if c["algorithm"] != implementation or index % FIT_EVERY != 0:
+            continue
+        prediction = predict("fa2", c["n"], c["d"], heads=c["heads"], causal=c["causal"], gpu=spec, kernel=kernel)
+        tensor, other = flash_step_work(spec, prediction.config["block_q"], prediction.config["block_kv"], c["d"])
+        steps = prediction.kernels[0].busiest_sm_steps
+        ratios.append(tensor * steps / (timed[json.dumps(c, sort_keys=True)] - LAUNCH_SECONDS - other * steps))
+    return float(np.median(ratios))
 
 
 def fit_spill_writes(measurements: Iterable[dict], gpu: GPUSpec | str = "H200") -> dict[str, float]:

@@ -349,7 +349,7 @@ def predict_decode(n_kv: int, d: int, *, batch: int = 1, heads: int = 1, kv_head
                                      dtype=dtype)
     flows = traffic.by_kernel
     # a split CTA: its KV tiles at FA-2's per-tile cost (64 query rows on the tensor cores, padded or not)
-    tile_s = _flash_step_seconds(spec, "sdpa_flash", launch.block_q, launch.block_kv, d, 1)
+    tile_s = _flash_step_seconds(spec, "sdpa_flash", launch.block_q, launch.block_kv, d)
     kernels = [_kernel_time(spec, SPLIT_KERNEL, launch.split_ctas, launch.cta_slots,
                             flows[SPLIT_KERNEL].total_bytes, launch.tiles_per_split * tile_s)]
     if launch.num_splits > 1:

@@ -180,7 +180,7 @@ def _play(l2: L2, cache: str, kernel: str, programs: list[CTAProgram], slots: in
     if cache == "cold" or first:
         l2.flush()
     l2.kernel = kernel
-    steps = run_programs(programs, slots, l2)
+    steps = len(run_programs(programs, slots, l2))
     l2.end_kernel()
     traffic = l2.traffic()
     by_tensor = {tensor: flow for (name, tensor), flow in traffic.ledger.items() if name == kernel}

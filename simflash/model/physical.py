@@ -8,9 +8,11 @@ A kernel that spills registers also writes some of its stack frame to DRAM (`spi
 which the logical ledger does not see; its DRAM writes include them.
 
 Time, per kernel: the larger of
-- compute: the makespan of the lock-step schedule (in tile steps: waves, and the causal imbalance
-  between CTAs) times one step of one CTA while `k` CTAs share an SM: k x (tensor-core FLOPs at the
-  kernel's achieved fraction of peak + exponentials on the special-function units + other FP32 work);
+- compute: the busiest SM's work over the lock-step schedule. At each time step the resident CTAs
+  spread over the SMs and the busiest holds ceil(resident / SMs) of them, each doing one KV tile
+  (tensor-core FLOPs at the kernel's achieved fraction of peak + exponentials on the special-function
+  units + other FP32 work) while they share it: waves, the causal imbalance between CTAs, and a
+  partial last wave whose CTAs have an SM each are all in it;
 - DRAM: predicted DRAM bytes over the achieved HBM bandwidth;
 - L2: logical bytes over the L2 bandwidth.
 The naive path's GEMMs and softmax are library-style kernels with their own grids (`naive_seconds`):
@@ -51,7 +53,8 @@ class KernelPrediction:
     bound: str  # which term set the time: "compute", "dram" or "l2"
     ctas: int
     resident_ctas: int
-    makespan_steps: int  # time steps of the lock-step schedule (compute term's multiplier)
+    makespan_steps: int  # time steps of the lock-step schedule
+    busiest_sm_steps: int  # one CTA's steps the busiest SM works through (the compute term's multiplier)
 
     def to_dict(self) -> dict:
         return attrs.asdict(self)
@@ -111,14 +114,14 @@ def predict(
     l2.flush(residue=cache == "cold")
     l2.kernel = fa2.kernel
     programs = (fa2.program(sched, cta, d, itemsize, kv_descending=profile.kv_descending) for cta in ctas)
-    steps = run_programs(programs, slots, l2)
+    resident = run_programs(programs, slots, l2)
     l2.end_kernel()
     own_build = (block_q, block_kv) == profile.tiles(d) and itemsize == 2  # the instantiations the figures are of
     spills = spill_write_bytes(spec, kernel, d, causal, ctas) if own_build else 0
     flow = l2.traffic().by_kernel[fa2.kernel] + L2Flow(dram_write_bytes=spills)
-    per_step = _flash_step_seconds(spec, kernel, block_q, block_kv, d, slots // spec.sm_count)
-    terms = _flash_seconds(spec, flow, steps * per_step)
-    kernels = (_prediction(fa2.kernel, flow, terms, LAUNCH_SECONDS, len(ctas), slots, steps, spills),)
+    sm_steps = busiest_sm_steps(resident, spec.sm_count)
+    terms = _flash_seconds(spec, flow, sm_steps * _flash_step_seconds(spec, kernel, block_q, block_kv, d))
+    kernels = (_prediction(fa2.kernel, flow, terms, LAUNCH_SECONDS, len(ctas), slots, len(resident), sm_steps, spills),)
     return PhysicalPrediction(config, kernels, _spill_notes(spec, profile, d, causal, own_build))
 
 
@@ -148,12 +151,13 @@ def _naive(spec, l2: L2, n, n_kv, d, heads, causal, causal_variant, itemsize, ca
             l2.flush(residue=cache == "cold")
         l2.kernel = kernel
         slots = concurrent_heads(kernel, sched, wave_rows)
-        steps = run_programs((naive_program(kernel, sched, cta, d, itemsize, wave_rows) for cta in ctas), slots, l2)
+        resident = run_programs((naive_program(kernel, sched, cta, d, itemsize, wave_rows) for cta in ctas), slots, l2)
         l2.end_kernel()
         flow = l2.traffic().by_kernel[kernel]
         terms = naive_seconds(spec, kernel, flow, gemm_flops=2 * stored * d, rows=heads * n, exps=stored)
         launch = spec.calibration.get("naive_launch_seconds", LAUNCH_SECONDS)
-        predictions.append(_prediction(kernel, flow, terms, launch, heads, slots, steps))
+        predictions.append(_prediction(kernel, flow, terms, launch, heads, slots, len(resident),
+                                       busiest_sm_steps(resident, spec.sm_count)))
     return tuple(predictions)
 
 
@@ -189,14 +193,26 @@ def naive_seconds(spec: GPUSpec, kernel: str, flow: L2Flow, gemm_flops: int, row
             "l2": (flow.read_bytes + flow.write_bytes) / cal.get("gemm_l2_bytes_per_s", spec.l2_bytes_per_s)}
 
 
-def _flash_step_seconds(spec: GPUSpec, kernel: str, block_q: int, block_kv: int, d: int, ctas_per_sm: int) -> float:
-    """One KV tile of one CTA while `ctas_per_sm` CTAs share the SM: matmuls, exponentials, FP32 work."""
-    efficiency = spec.calibration.get(f"tensor_efficiency_{kernel}", 1.0)
+def busiest_sm_steps(resident: list[int], sm_count: int) -> int:
+    """One CTA's steps the busiest SM works through: at each time step of the lock-step schedule the
+    resident CTAs spread over the SMs, ceil(resident / SMs) of them on the busiest, taking turns."""
+    return sum(-(-r // sm_count) for r in resident)
+
+
+def flash_step_work(spec: GPUSpec, block_q: int, block_kv: int, d: int) -> tuple[float, float]:
+    """One KV tile of one CTA with an SM to itself: (its matmuls at the tensor cores' peak, its
+    exponentials on the special-function units plus its other FP32 work), in seconds."""
     scores = block_q * block_kv
-    tensor = 4 * scores * d / (efficiency * spec.peak_flops["float16"] / spec.sm_count)
+    tensor = 4 * scores * d / (spec.peak_flops["float16"] / spec.sm_count)
     exp = (scores + block_q) / (spec.sfu_ops_per_s / spec.sm_count)
     fp32 = (4 * scores + block_q * d) / (spec.fp32_flops_per_s / spec.sm_count)
-    return ctas_per_sm * (tensor + exp + fp32)
+    return tensor, exp + fp32
+
+
+def _flash_step_seconds(spec: GPUSpec, kernel: str, block_q: int, block_kv: int, d: int) -> float:
+    """One KV tile of one CTA with an SM to itself, its matmuls at the kernel's achieved fraction of peak."""
+    tensor, other = flash_step_work(spec, block_q, block_kv, d)
+    return tensor / spec.calibration.get(f"tensor_efficiency_{kernel}", 1.0) + other
 
 
 def dram_seconds(nbytes: int, bytes_per_s: float) -> float:
@@ -213,12 +229,12 @@ def _flash_seconds(spec: GPUSpec, flow: L2Flow, compute_s: float) -> dict[str, f
 
 
 def _prediction(kernel: str, flow: L2Flow, terms: dict[str, float], launch_s: float, ctas: int, slots: int,
-                steps: int, spills: int = 0) -> KernelPrediction:
+                steps: int, sm_steps: int, spills: int = 0) -> KernelPrediction:
     """The kernel's time is its largest term plus the launch."""
     bound = max(terms, key=terms.__getitem__)
     return KernelPrediction(
         kernel=kernel, logical_read_bytes=flow.read_bytes, logical_write_bytes=flow.write_bytes,
         l2_hit_bytes=flow.hit_bytes, dram_read_bytes=flow.dram_read_bytes, dram_write_bytes=flow.dram_write_bytes,
         dirty_at_end_bytes=flow.dirty_at_end_bytes, spill_write_bytes=spills, time_s=terms[bound] + launch_s, bound=bound,
-        ctas=ctas, resident_ctas=slots, makespan_steps=steps,
+        ctas=ctas, resident_ctas=slots, makespan_steps=steps, busiest_sm_steps=sm_steps,
     )
