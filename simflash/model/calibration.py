@@ -26,9 +26,7 @@ import numpy as np
 
 from scipy.optimize import least_squares
 
-from simflash.algorithms import FLASH_ALGORITHMS
 from simflash.algorithms.naive import stored_per_row
-from simflash.chip import kernel_profile
 from simflash.config import MiB, GPUSpec, gpu_spec
 from simflash.l2 import L2Flow
 from simflash.model.physical import LAUNCH_SECONDS, flash_step_work, naive_seconds, predict, spill_key
@@ -148,7 +146,7 @@ def fit_tensor_efficiency(measurement: dict, times: dict, kernel: str, gpu: GPUS
     the fit set's rows of that kernel, its matmuls at peak against its CUDA-event time less the launch and
     the exponentials and FP32 work, all over the busiest SM's steps of the lock-step schedule; the median."""
     spec = gpu if isinstance(gpu, GPUSpec) else gpu_spec(gpu)
-    implementation = next(name for name, of in KERNEL_OF.items() if of == kernel and name != "naive")
+    implementation = "fa2" if kernel == "simflash" else kernel  # as the sweep names it
     timed = {json.dumps(t["config"], sort_keys=True): t["time_s"] for t in times["configs"]}
     ratios = []
     for index, entry in enumerate(measurement["configs"]):
@@ -169,29 +167,21 @@ def fit_spill_writes(measurements: Iterable[dict], gpu: GPUSpec | str = "H200") 
     prediction without spills taken from each measured figure."""
     spec = gpu if isinstance(gpu, GPUSpec) else gpu_spec(gpu)
     bare = attrs.evolve(spec, calibration={k: v for k, v in spec.calibration.items() if not k.startswith("spill_")})
-    profile = kernel_profile("sdpa_flash")
-    rows: dict[str, list[tuple[int, int, float]]] = {}  # instantiation -> (CTAs, tile steps, measured - predicted)
-    measured: dict[str, list[int]] = {}
+    rows: dict[str, list[tuple[int, int, int, int]]] = {}  # instantiation -> (CTAs, tile steps, predicted, measured)
     for measurement in measurements:
         for index, entry in enumerate(measurement["configs"]):
             c = entry["config"]
             if c["algorithm"] != "sdpa_flash" or index % FIT_EVERY != 0:
                 continue
-            predicted = predict("fa2", c["n"], c["d"], heads=c["heads"], causal=c["causal"], gpu=bare,
-                                cache=measurement["cache"], kernel="sdpa_flash").kernels[0].dram_write_bytes
-            sched = TileSchedule(c["n"], c["n"], *profile.tiles(c["d"]), causal=c["causal"])
-            ctas = FLASH_ALGORITHMS["fa2"].grid(sched, c["heads"], longest_first=profile.longest_first,
-                                                kv_descending=profile.kv_descending)
-            written = entry["kernels"][0]["dram_write_bytes"]
-            key = spill_key("sdpa_flash", c["d"], c["causal"])
-            rows.setdefault(key, []).append((len(ctas), sum(cta.n_steps for cta in ctas), written - predicted))
-            measured.setdefault(key, []).append(written)
+            k = predict("fa2", c["n"], c["d"], heads=c["heads"], causal=c["causal"], gpu=bare,
+                        cache=measurement["cache"], kernel="sdpa_flash").kernels[0]
+            rows.setdefault(spill_key("sdpa_flash", c["d"], c["causal"]), []).append(
+                (k.ctas, k.tile_steps, k.dram_write_bytes, entry["kernels"][0]["dram_write_bytes"]))
     figures = {}
     for key, group in rows.items():
-        scale = np.array(measured[key], dtype=float)
-        counts = np.array([(ctas, steps) for ctas, steps, _ in group], dtype=float) / scale[:, None]
-        extra = np.array([e for _, _, e in group], dtype=float) / scale
-        per_cta, per_step = np.linalg.lstsq(counts, extra, rcond=None)[0]
+        ctas, steps, predicted, written = np.array(group, dtype=float).T
+        per_cta, per_step = np.linalg.lstsq(np.stack([ctas, steps], axis=1) / written[:, None],
+                                            (written - predicted) / written, rcond=None)[0]
         figures[f"{key}_cta_bytes"], figures[f"{key}_step_bytes"] = float(per_cta), float(per_step)
     return figures
 

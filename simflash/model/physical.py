@@ -30,7 +30,7 @@ from simflash.algorithms.naive import KERNELS as NAIVE_KERNELS
 from simflash.algorithms.naive import concurrent_heads, naive_grid, naive_program, stored_per_row
 from simflash.chip import KernelProfile, gemm_pv_wave_rows, kernel_profile, l2_cache, resident_ctas
 from simflash.config import GPUSpec, check_causal_variant, check_positive_int, gpu_spec, storage_dtype
-from simflash.grid import CTA, run_programs
+from simflash.grid import run_programs
 from simflash.l2 import L2, L2Flow
 from simflash.schedule import TileSchedule
 
@@ -53,6 +53,7 @@ class KernelPrediction:
     bound: str  # which term set the time: "compute", "dram" or "l2"
     ctas: int
     resident_ctas: int
+    tile_steps: int  # the CTAs' steps summed (FA-2: KV tiles visited)
     makespan_steps: int  # time steps of the lock-step schedule
     busiest_sm_steps: int  # one CTA's steps the busiest SM works through (the compute term's multiplier)
 
@@ -116,12 +117,14 @@ def predict(
     programs = (fa2.program(sched, cta, d, itemsize, kv_descending=profile.kv_descending) for cta in ctas)
     resident = run_programs(programs, slots, l2)
     l2.end_kernel()
+    tile_steps = sum(cta.n_steps for cta in ctas)
     own_build = (block_q, block_kv) == profile.tiles(d) and itemsize == 2  # the instantiations the figures are of
-    spills = spill_write_bytes(spec, kernel, d, causal, ctas) if own_build else 0
+    spills = spill_write_bytes(spec, kernel, d, causal, len(ctas), tile_steps) if own_build else 0
     flow = l2.traffic().by_kernel[fa2.kernel] + L2Flow(dram_write_bytes=spills)
     sm_steps = busiest_sm_steps(resident, spec.sm_count)
     terms = _flash_seconds(spec, flow, sm_steps * _flash_step_seconds(spec, kernel, block_q, block_kv, d))
-    kernels = (_prediction(fa2.kernel, flow, terms, LAUNCH_SECONDS, len(ctas), slots, len(resident), sm_steps, spills),)
+    kernels = (_prediction(fa2.kernel, flow, terms, LAUNCH_SECONDS, len(ctas), slots, tile_steps, len(resident),
+                           sm_steps, spills),)
     return PhysicalPrediction(config, kernels, _spill_notes(spec, profile, d, causal, own_build))
 
 
@@ -156,8 +159,8 @@ def _naive(spec, l2: L2, n, n_kv, d, heads, causal, causal_variant, itemsize, ca
         flow = l2.traffic().by_kernel[kernel]
         terms = naive_seconds(spec, kernel, flow, gemm_flops=2 * stored * d, rows=heads * n, exps=stored)
         launch = spec.calibration.get("naive_launch_seconds", LAUNCH_SECONDS)
-        predictions.append(_prediction(kernel, flow, terms, launch, heads, slots, len(resident),
-                                       busiest_sm_steps(resident, spec.sm_count)))
+        predictions.append(_prediction(kernel, flow, terms, launch, heads, slots, sum(cta.n_steps for cta in ctas),
+                                       len(resident), busiest_sm_steps(resident, spec.sm_count)))
     return tuple(predictions)
 
 
@@ -166,7 +169,7 @@ def spill_key(kernel: str, d: int, causal: bool) -> str:
     return f"spill_{kernel}_d{d}" + ("_causal" if causal else "")
 
 
-def spill_write_bytes(spec: GPUSpec, kernel: str, d: int, causal: bool, ctas: list[CTA]) -> int:
+def spill_write_bytes(spec: GPUSpec, kernel: str, d: int, causal: bool, ctas: int, tile_steps: int) -> int:
     """DRAM writes of a kernel's register spills. PyTorch's FA-2 kernel keeps a stack frame of 112-144
     bytes a thread in local memory (benchmarks/gpu/sdpa_resource_usage_sm90.txt): its SMs store many
     times O there, and the L2 gives some of those lines up to DRAM, some bytes per CTA and some per KV
@@ -176,7 +179,7 @@ def spill_write_bytes(spec: GPUSpec, kernel: str, d: int, causal: bool, ctas: li
     key = spill_key(kernel, d, causal)
     per_cta = spec.calibration.get(f"{key}_cta_bytes", 0.0)
     per_step = spec.calibration.get(f"{key}_step_bytes", 0.0)
-    return round(per_cta * len(ctas) + per_step * sum(cta.n_steps for cta in ctas))
+    return round(per_cta * ctas + per_step * tile_steps)
 
 
 def naive_seconds(spec: GPUSpec, kernel: str, flow: L2Flow, gemm_flops: int, rows: int, exps: int) -> dict[str, float]:
@@ -229,12 +232,12 @@ def _flash_seconds(spec: GPUSpec, flow: L2Flow, compute_s: float) -> dict[str, f
 
 
 def _prediction(kernel: str, flow: L2Flow, terms: dict[str, float], launch_s: float, ctas: int, slots: int,
-                steps: int, sm_steps: int, spills: int = 0) -> KernelPrediction:
+                tile_steps: int, steps: int, sm_steps: int, spills: int = 0) -> KernelPrediction:
     """The kernel's time is its largest term plus the launch."""
     bound = max(terms, key=terms.__getitem__)
     return KernelPrediction(
         kernel=kernel, logical_read_bytes=flow.read_bytes, logical_write_bytes=flow.write_bytes,
         l2_hit_bytes=flow.hit_bytes, dram_read_bytes=flow.dram_read_bytes, dram_write_bytes=flow.dram_write_bytes,
         dirty_at_end_bytes=flow.dirty_at_end_bytes, spill_write_bytes=spills, time_s=terms[bound] + launch_s, bound=bound,
-        ctas=ctas, resident_ctas=slots, makespan_steps=steps, busiest_sm_steps=sm_steps,
+        ctas=ctas, resident_ctas=slots, tile_steps=tile_steps, makespan_steps=steps, busiest_sm_steps=sm_steps,
     )
