@@ -129,8 +129,18 @@ def recheck_configs() -> list[dict]:
                    (118784, 1)))
 
 
+def verify_configs() -> list[dict]:
+    """An eighth sweep, on configurations none of the others holds, defined and measured after the naive
+    path's kernels were given the L2 the probe of plain streaming kernels measured (with the first seven
+    in view)."""
+    return _sweep((480, 960, 1920, 3840, 5888), (11, 22, 50, 120, 240, 400), ((960, 30), (1920, 7), (3840, 3)),
+                  ((6656, 40), (13312, 16), (26624, 10), (47104, 4), (63488, 3), (77824, 2), (100352, 2),
+                   (116736, 1)))
+
+
 SWEEPS = {"calibration": sweep_configs, "validation": validation_configs, "unseen": unseen_configs,
-          "blind": blind_configs, "confirm": confirm_configs, "fresh": fresh_configs, "recheck": recheck_configs}
+          "blind": blind_configs, "confirm": confirm_configs, "fresh": fresh_configs, "recheck": recheck_configs,
+          "verify": verify_configs}
 
 
 def split_groups(kernels: list[dict], configs: list[dict]) -> list[list[dict]]:

@@ -215,7 +215,7 @@ def calibrate(
     cache: Annotated[str, typer.Option(help="cold (ncu flushes before every kernel), warm (one read-only "
                                             "flush before each group), or time (CUDA events, no profiler).")] = "cold",
     sweep_name: Annotated[str, typer.Option("--sweep", help="calibration (the figures are fitted on a third of "
-                                                             "it), validation, unseen, blind, confirm, fresh or recheck (configurations "
+                                                             "it), validation, unseen, blind, confirm, fresh, recheck or verify (configurations "
                                                              "it does not hold).")
                           ] = "calibration",
     limit: Annotated[int | None, typer.Option(help="Only the first LIMIT configurations (a smoke run).")] = None,

@@ -6,12 +6,14 @@ configuration is assigned once and for all to the fit set (every third configura
 its order) or to the held-out set (the rest, which no fitted figure has seen). A second sweep
 (`--sweep validation`, benchmarks/gpu/validation_*.json) measured other configurations; the L2's
 capacity spread was chosen with it in view. A third (`--sweep unseen`) measured still others after
-every figure was fixed; the naive path's P V GEMM waves and flush-residue ramp were added later, with all
+every figure was fixed; the naive path's P V GEMM waves and a flush-residue ramp were added later, with all
 three in view, and a fourth (`--sweep blind`) measured after that; the cohort weight was chosen with all
 four in view, and a fifth (`--sweep confirm`) measured after it; SDPA's spill figures were fitted
 with all five in view, and a sixth (`--sweep fresh`) measured after them; SDPA's KV order and the
 busiest-SM compute term were chosen with all six in view, and a seventh (`--sweep recheck`) measured
-after them. A kernel row passes when
+after them; the naive path's kernels were given the L2 a probe of plain streaming kernels measured
+(simflash.chip.l2_cache(streaming=True)) with all seven in view, and an eighth (`--sweep verify`)
+measured after that. A kernel row passes when
 the predicted DRAM bytes are within 10% (or 1 MiB, whichever is larger) of the measured ones.
 """
 
@@ -39,7 +41,7 @@ KERNEL_OF = {"fa2": "simflash", "sdpa_flash": "sdpa_flash", "naive": "simflash"}
 REPORTS = {"calibration": "physical_validation.json", "validation": "physical_validation_second_sweep.json",
            "unseen": "physical_validation_unseen.json", "blind": "physical_validation_blind.json",
            "confirm": "physical_validation_confirm.json", "fresh": "physical_validation_fresh.json",
-           "recheck": "physical_validation_recheck.json"}  # benchmarks/gpu/, by sweep
+           "recheck": "physical_validation_recheck.json", "verify": "physical_validation_verify.json"}  # benchmarks/gpu/, by sweep
 SWEEPS = tuple(REPORTS)
 
 
