@@ -130,9 +130,9 @@ def recheck_configs() -> list[dict]:
 
 
 def verify_configs() -> list[dict]:
-    """An eighth sweep, on configurations none of the others holds, defined and measured after the naive
-    path's kernels were given the L2 the probe of plain streaming kernels measured (with the first seven
-    in view)."""
+    """An eighth sweep, on configurations none of the others holds, defined and measured after the
+    seventh's figures were fixed; it judged an L2 for the naive path built on the streaming probe
+    (docs/physical.md), which was not kept."""
     return _sweep((480, 960, 1920, 3840, 5888), (11, 22, 50, 120, 240, 400), ((960, 30), (1920, 7), (3840, 3)),
                   ((6656, 40), (13312, 16), (26624, 10), (47104, 4), (63488, 3), (77824, 2), (100352, 2),
                    (116736, 1)))

@@ -193,13 +193,12 @@ def check_cache(cache: object) -> str | None:
 
 
 def _simulated_gpu(gpu: str, sram_bytes: int | None, record_events: bool, cache: str | None,
-                   block_q: int | None = None, streaming: bool = False) -> tuple[SimulatedGPU, int]:
-    """The machine; with block_q, each CTA's registers are checked against its share of the register file;
-    `streaming`: its L2 as the naive path's kernels see it (simflash.chip.l2_cache)."""
+                   block_q: int | None = None) -> tuple[SimulatedGPU, int]:
+    """The machine; with block_q, each CTA's registers are checked against its share of the register file."""
     spec = gpu_spec(gpu)
     capacity = spec.smem_carveout_bytes if sram_bytes is None else check_positive_int("sram_bytes", sram_bytes)
     registers = None if block_q is None else register_capacity_bytes(spec, block_q)
-    l2 = None if check_cache(cache) is None else l2_cache(spec, streaming)
+    l2 = None if check_cache(cache) is None else l2_cache(spec)
     return SimulatedGPU.build(capacity, record_events, registers, l2), capacity
 
 
@@ -494,7 +493,7 @@ def naive_forward(q, k, v, causal, causal_variant, scale, dtype, *, record_event
                        schedule=schedule, cache=cache, window=window,
                        kv_heads=K.shape[0] if K.shape[0] != heads else None)
     sched = config.tile_schedule()
-    machine, _ = _simulated_gpu(gpu, None, record_events, cache, streaming=True)  # naive holds no tiles we model
+    machine, _ = _simulated_gpu(gpu, None, record_events, cache)  # naive holds no tiles we model
     hbm = machine.hbm
     hbm.place("Q", Q, Q.dtype)
     hbm.place("K", K, K.dtype)

@@ -7,7 +7,6 @@ simflash's own CUDA kernel (backends/flash2_forward.cu) and FlashAttention-2 as 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import attrs
@@ -69,23 +68,17 @@ def gemm_pv_wave_rows(gpu: GPUSpec) -> int:
     return gpu.sm_count * GEMM_TILE_ROWS
 
 
-def l2_cache(gpu: GPUSpec, streaming: bool = False) -> L2:
-    """The L2 as a kernel sees it, from the machine file's [calibration] table: FA-2's kernels, whose K and
-    V every SM reads (figures `l2_*`, fitted on the sweeps), or, `streaming`, kernels whose SMs each
-    stream their own rows, as the naive path's do (figures `l2_stream_*`, measured by a probe of plain
-    streaming kernels). An equal mixture of `caches` LRU caches spread evenly over the effective
-    capacity plus or minus the spread, with their read-fill and cohort weights, dirty limit and the
-    flush residue; the nameplate size (plain LRU) where the machine file has no figures."""
-    cal = gpu.calibration
-    prefix = "l2_stream_" if streaming else "l2_"
-    capacity = cal.get(f"{prefix}effective_bytes", gpu.l2_bytes)
-    spread = cal.get(f"{prefix}capacity_spread_bytes", 0.0)
-    caches = int(cal.get(f"{prefix}caches", 1))
+def l2_cache(gpu: GPUSpec) -> L2:
+    """The L2 one kernel's stream sees: the fitted effective capacity, read-fill and cohort weights, flush residue
+    where the machine file has them, the nameplate size (plain LRU) otherwise; with a capacity spread,
+    an equal mixture of LRU caches that much smaller and larger than the effective capacity."""
+    capacity = gpu.calibration.get("l2_effective_bytes", gpu.l2_bytes)
+    spread = gpu.calibration.get("l2_capacity_spread_bytes", 0.0)
 
     def lru(size: float) -> L2Cache:
-        return L2Cache(size, cal.get(f"{prefix}read_fill_weight", 1.0), int(cal.get("l2_flush_residue_bytes", 0)),
-                       cal.get(f"{prefix}cohort_weight", 1.0), cal.get(f"{prefix}dirty_limit_bytes", math.inf))
+        return L2Cache(size, gpu.calibration.get("l2_read_fill_weight", 1.0),
+                       int(gpu.calibration.get("l2_flush_residue_bytes", 0)),
+                       gpu.calibration.get("l2_residue_ramp_bytes", 0.0),
+                       gpu.calibration.get("l2_cohort_weight", 1.0))
 
-    if caches == 1:
-        return lru(capacity)
-    return L2Mixture(tuple(lru(capacity + spread * (2 * k - caches + 1) / (caches - 1)) for k in range(caches)))
+    return L2Mixture((lru(capacity - spread), lru(capacity + spread))) if spread else lru(capacity)

@@ -12,15 +12,14 @@ every transfer names the block it touches, so the cache tracks tiles rather than
 
 A write allocates its block dirty without reading DRAM (whole sectors are written). Capacity is the
 *effective* capacity one kernel's stream can use, a fitted figure (see the machine files), not the
-nameplate size. At most `dirty_limit_bytes` stay dirty: beyond it the least recently used dirty blocks
-are written back and stay, clean (an H200 writes back everything past about 28 MiB while keeping more
-than that, benchmarks/gpu/l2_probe). `flush` writes every dirty block back outside any kernel and
-empties the cache: a read-only sweep over a large buffer does this once before a run ("warm"). ncu's
-`--cache-control all` before every kernel ("cold") does it too, except that `flush_residue_bytes` of
-dirty lines are still waiting to be written back when the kernel starts (measured on an H200: a
-read-only kernel after a 48 MiB write shows 2.3 MiB of DRAM writes, benchmarks/gpu/write_sources.json).
-`flush(residue=True)` leaves them as dirty blocks of RESIDUE_BLOCK_BYTES at the least-recently-used
-end, under the tensor name RESIDUE: evicted first, a block at a time, and counted against the kernel.
+nameplate size. `flush` writes every dirty block back outside any kernel and empties the cache: a
+read-only sweep over a large buffer does this once before a run ("warm"). ncu's `--cache-control all`
+before every kernel ("cold") does it too, except that `flush_residue_bytes` of dirty lines are still
+waiting to be written back when the kernel starts (measured on an H200: a read-only kernel after a
+48 MiB write shows 2.3 MiB of DRAM writes, benchmarks/gpu/write_sources.json). `flush(residue=True)`
+leaves them dirty beside the kernel's data: once the bytes the kernel has brought in overflow the room
+beside them, they are written back in proportion over the next `residue_ramp_bytes` (all at once where
+that is 0), under the tensor name RESIDUE, counted against the kernel.
 
 `L2Mixture` runs several such caches side by side, of capacities either side of the effective one,
 and reports their mean: reuse at a distance between them is kept in part, not all or nothing.
@@ -28,7 +27,6 @@ and reports their mean: reuse at a distance between them is kept in part, not al
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
 from collections.abc import Hashable, Mapping
 
@@ -36,7 +34,6 @@ import attrs
 
 BlockKey = tuple[Hashable, ...]  # (tensor, ...) naming one block of one tensor
 RESIDUE = "(flush residue)"  # the dirty lines a cold flush leaves behind, written back by the next kernel
-RESIDUE_BLOCK_BYTES = 64 * 1024  # the residue leaves in blocks this size, a little at a time
 
 
 @attrs.frozen
@@ -89,14 +86,14 @@ class L2Cache:
     capacity_bytes: float
     read_fill_weight: float = 1.0
     flush_residue_bytes: int = 0
+    residue_ramp_bytes: float = 0.0
     cohort_weight: float = 1.0
-    dirty_limit_bytes: float = math.inf
     kernel: str | None = None
     _blocks: OrderedDict[BlockKey, list] = attrs.field(factory=OrderedDict)  # key -> [nbytes, dirty, cost]
-    _dirty: OrderedDict[BlockKey, int] = attrs.field(factory=OrderedDict)  # dirty blocks' sizes, least recent first
-    _dirty_bytes: int = 0
     _resident_cost: float = 0.0
     _flows: dict[tuple[str, str], list[int]] = attrs.field(factory=dict)
+    _residue_left: int = 0  # bytes of the flush residue still dirty in the cache
+    _filled: int = 0  # bytes brought in (read misses and writes, at full size) since the flush
 
     def read(self, key: BlockKey, nbytes: int, count: int = 1) -> None:
         """`count` back-to-back reads of a block (CTAs in lock-step): the first may miss, the rest hit. A
@@ -113,8 +110,6 @@ class L2Cache:
             self._resident_cost += held - block[2]
             block[2] = held
             self._blocks.move_to_end(key)
-            if block[1]:
-                self._dirty.move_to_end(key)
             flow[0] += nbytes * count
             self._evict()
 
@@ -125,34 +120,24 @@ class L2Cache:
             self._insert(key, nbytes, dirty=True, cost=nbytes)
         else:
             self._resident_cost += nbytes - block[2]
-            self._dirty_bytes += nbytes - (block[0] if block[1] else 0)
             block[0], block[1], block[2] = nbytes, True, nbytes
-            self._dirty[key] = nbytes
             self._blocks.move_to_end(key)
-            self._dirty.move_to_end(key)
-            self._clean()
             self._evict()
 
     def end_kernel(self) -> None:
         """Record the dirty bytes still resident, by tensor, against the kernel that is ending."""
-        for key, nbytes in self._dirty.items():
-            self._flow(key[0])[3] += nbytes
+        for key, (nbytes, dirty, _) in self._blocks.items():
+            if dirty:
+                self._flow(key[0])[3] += nbytes
         self.kernel = None
 
     def flush(self, residue: bool = False) -> None:
         """Write back and invalidate everything, outside any kernel (no bytes are charged); with
-        `residue`, as ncu's cache control does: `flush_residue_bytes` stay dirty, to be evicted first."""
+        `residue`, as ncu's cache control does: `flush_residue_bytes` stay dirty, to be evicted later."""
         self._blocks.clear()
-        self._dirty.clear()
-        self._dirty_bytes = 0
-        self._resident_cost = 0.0
-        if residue:
-            for index, start in enumerate(range(0, self.flush_residue_bytes, RESIDUE_BLOCK_BYTES)):
-                nbytes = min(RESIDUE_BLOCK_BYTES, self.flush_residue_bytes - start)
-                self._blocks[RESIDUE, index] = [nbytes, True, nbytes]
-                self._dirty[RESIDUE, index] = nbytes
-                self._dirty_bytes += nbytes
-                self._resident_cost += nbytes
+        self._residue_left = self.flush_residue_bytes if residue else 0
+        self._resident_cost = self._residue_left
+        self._filled = 0
 
     def traffic(self) -> PhysicalTraffic:
         return PhysicalTraffic({key: L2Flow(*flow) for key, flow in self._flows.items()})
@@ -168,29 +153,29 @@ class L2Cache:
     def _insert(self, key: BlockKey, nbytes: int, dirty: bool, cost: float) -> None:
         self._blocks[key] = [nbytes, dirty, cost]
         self._resident_cost += cost
-        if dirty:
-            self._dirty[key] = nbytes
-            self._dirty_bytes += nbytes
-            self._clean()
+        self._filled += nbytes
+        self._evict_residue()
         self._evict()
 
-    def _clean(self) -> None:
-        """Write back the least recently used dirty blocks past the dirty limit; they stay, clean, at full size."""
-        while self._dirty_bytes > self.dirty_limit_bytes:
-            key, nbytes = self._dirty.popitem(last=False)
-            self._dirty_bytes -= nbytes
-            block = self._blocks[key]
-            self._resident_cost += nbytes - block[2]
-            block[1], block[2] = False, nbytes
-            self._flow(key[0])[2] += nbytes
+    def _evict_residue(self) -> None:
+        """The residue leaves first, as soon as what came in since the flush, at full size, overflows the
+        room beside it: a stream read once displaces it as much as data that stays."""
+        if not self._residue_left:
+            return
+        room = self.capacity_bytes - self.flush_residue_bytes
+        overflow = max(0.0, self._filled - room)
+        share = min(1.0, overflow / self.residue_ramp_bytes) if self.residue_ramp_bytes else float(overflow > 0)
+        written = int(share * self.flush_residue_bytes) - (self.flush_residue_bytes - self._residue_left)
+        if written > 0:
+            self._residue_left -= written
+            self._resident_cost -= written
+            self._flow(RESIDUE)[2] += written
 
     def _evict(self) -> None:
         while self._resident_cost > self.capacity_bytes and self._blocks:
             key, (nbytes, dirty, cost) = self._blocks.popitem(last=False)
             self._resident_cost -= cost
             if dirty:
-                del self._dirty[key]
-                self._dirty_bytes -= nbytes
                 self._flow(key[0])[2] += nbytes
 
 

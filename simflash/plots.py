@@ -304,7 +304,7 @@ def dram_vs_n(
     from simflash.model.physical import predict
 
     spec = gpu_spec(gpu)
-    capacity, stream_capacity = l2_cache(spec).capacity_bytes, l2_cache(spec, streaming=True).capacity_bytes
+    capacity = l2_cache(spec).capacity_bytes
     itemsize = storage_dtype(dtype).itemsize
 
     def totals(prediction) -> tuple[int, int]:
@@ -312,7 +312,7 @@ def dram_vs_n(
         return (sum(k.logical_read_bytes + k.logical_write_bytes for k in ks),
                 sum(k.dram_read_bytes + k.dram_write_bytes for k in ks))
 
-    naive: dict[str, Any] = {"n": np.array(naive_n), "l2_fit_n": float(np.sqrt(stream_capacity / (2 * itemsize)))}
+    naive: dict[str, Any] = {"n": np.array(naive_n), "l2_fit_n": float(np.sqrt(capacity / (2 * itemsize)))}
     for cache in ("cold", "warm"):
         pairs = [totals(predict("naive", n, d, dtype=dtype, gpu=spec, cache=cache)) for n in naive_n]
         naive["logical"] = np.array([p[0] for p in pairs], dtype=np.int64)

@@ -1,7 +1,5 @@
 """The whole chip: the L2 model, the grid runner's two schedules, traffic-only runs against runs with values."""
 
-import math
-
 import numpy as np
 import pytest
 from hypothesis import given
@@ -9,7 +7,7 @@ from hypothesis import strategies as st
 
 import simflash as sf
 from simflash.config import MiB
-from simflash.l2 import RESIDUE, RESIDUE_BLOCK_BYTES, L2Cache, L2Flow, L2Mixture
+from simflash.l2 import RESIDUE, L2Cache, L2Flow, L2Mixture
 from simflash.model.physical import predict
 
 
@@ -78,10 +76,9 @@ def test_a_cold_flush_leaves_its_residue_for_the_next_kernel_to_write_back():
     l2 = L2Cache(capacity_bytes=100, flush_residue_bytes=20)
     l2.flush(residue=True)
     l2.kernel = "small"
-    l2.read(("Q", 0, 0), 70)  # 20 + 70 fits: the residue stays, still dirty, written by no kernel yet
+    l2.read(("Q", 0, 0), 70)  # 20 + 70 fits: the residue stays, written by no kernel yet
     l2.end_kernel()
-    residue = l2.traffic().ledger["small", RESIDUE]
-    assert (residue.dram_write_bytes, residue.dirty_at_end_bytes) == (0, 20)
+    assert ("small", RESIDUE) not in l2.traffic().ledger
     l2.flush(residue=True)
     l2.kernel = "large"
     l2.read(("Q", 0, 0), 90)  # 20 + 90 does not: the residue, oldest, is evicted and written back
@@ -108,35 +105,17 @@ def test_blocks_a_cohort_reads_hold_their_cohort_weight():
         assert flow.dram_read_bytes == 160 + second_pass_misses and flow.read_bytes == 2 * 2 * 160
 
 
-def test_the_flush_residue_leaves_a_block_at_a_time_before_anything_else():
-    """A residue of 2.5 blocks sits at the least-recently-used end of a cache 3 blocks large: each block
-    brought in evicts one block of it, whether read or written, and the kernel's own data stays."""
-    block = RESIDUE_BLOCK_BYTES
-    l2 = L2Cache(capacity_bytes=3 * block, flush_residue_bytes=5 * block // 2)
+def test_the_flush_residue_leaves_in_proportion_over_its_ramp():
+    """Room beside a residue of 20 in 100 bytes is 80: what is brought in beyond it writes the residue
+    back in proportion over the 80-byte ramp, whether it was read or written."""
+    l2 = L2Cache(capacity_bytes=100, flush_residue_bytes=20, residue_ramp_bytes=80)
     l2.flush(residue=True)
     l2.kernel = "k"
     written = []
-    for index, access in enumerate([l2.read, l2.write, l2.read]):
-        access(("X", index), block)
+    for block, access in enumerate([l2.read, l2.write, l2.read, l2.write]):
+        access(("X", block), 40)
         written.append(l2.traffic().ledger.get(("k", RESIDUE), L2Flow()).dram_write_bytes)
-    assert written == [block, 2 * block, 5 * block // 2]  # 3.5 blocks in a room of 3: the oldest goes each time
-    assert l2.traffic().ledger["k", "X"].dram_write_bytes == 0
-
-
-def test_dirty_bytes_past_the_limit_are_written_back_and_stay():
-    """A dirty limit of 100 bytes in a 300-byte cache: writing 160 writes the oldest 60 back at once, and
-    reading all of it again afterwards hits (the cleaned blocks stayed); without the limit nothing is
-    written and the dirty bytes at the end are all 160."""
-    for limit, written_back, dirty_at_end in ((100, 60, 100), (math.inf, 0, 160)):
-        l2 = L2Cache(capacity_bytes=300, dirty_limit_bytes=limit)
-        l2.kernel = "k"
-        for block in range(8):
-            l2.write(("O", block), 20)
-        for block in range(8):
-            l2.read(("O", block), 20)
-        l2.end_kernel()
-        flow = l2.traffic().ledger["k", "O"]
-        assert (flow.dram_write_bytes, flow.dram_read_bytes, flow.dirty_at_end_bytes) == (written_back, 0, dirty_at_end)
+    assert written == [0, 0, 10, 20]  # 40, 80 in: none; 120: half of it; 160: all
 
 
 def test_the_flush_residue_is_what_the_h200_probe_measured():

