@@ -99,18 +99,20 @@ class L2Cache:
         """`count` back-to-back reads of a block (CTAs in lock-step): the first may miss, the rest hit. A
         block one CTA fills holds `read_fill_weight` of its size until it is read again, then all of it;
         a block a cohort reads (count > 1) holds `cohort_weight` of it."""
-        flow = self._flow(key[0])
+        flow = self._flows.get((self.kernel, key[0])) or self._flow(key[0])  # the lookup inlined: the hot path
         block = self._blocks.get(key)
         if block is None:
             flow[1] += nbytes
             flow[0] += nbytes * (count - 1)
             self._insert(key, nbytes, dirty=False, cost=nbytes * (self.read_fill_weight if count == 1 else self.cohort_weight))
-        else:
-            held = nbytes * (self.cohort_weight if count > 1 else 1.0)
+            return
+        held = nbytes * (self.cohort_weight if count > 1 else 1.0)
+        if held != block[2]:
             self._resident_cost += held - block[2]
             block[2] = held
-            self._blocks.move_to_end(key)
-            flow[0] += nbytes * count
+        self._blocks.move_to_end(key)
+        flow[0] += nbytes * count
+        if self._resident_cost > self.capacity_bytes:
             self._evict()
 
     def write(self, key: BlockKey, nbytes: int) -> None:
