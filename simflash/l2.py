@@ -99,7 +99,7 @@ class L2Cache:
         """`count` back-to-back reads of a block (CTAs in lock-step): the first may miss, the rest hit. A
         block one CTA fills holds `read_fill_weight` of its size until it is read again, then all of it;
         a block a cohort reads (count > 1) holds `cohort_weight` of it."""
-        flow = self._flows.get((self.kernel, key[0])) or self._flow(key[0])  # the lookup inlined: the hot path
+        flow = self._flows.get((self.kernel, key[0])) or self._flow(key[0])  # type: ignore[arg-type]  # _flow inlined: the hot path
         block = self._blocks.get(key)
         if block is None:
             flow[1] += nbytes
