@@ -69,6 +69,28 @@ def profile(script: str, out: Path, csv_name: str) -> tuple[str, str]:
     return " ".join(command), run.stdout
 
 
+def read_pairs(script: str, out: Path, name: str, kernels: tuple[str, ...], cases: list) -> list[dict]:
+    """Profile `script --target`, whose kernels named `kernels` come in pairs (a first read, the read
+    again), one pair per case in launch order; write out/{name}_ncu.csv and out/{name}.json (the command
+    and a row per case: its fields, both reads' DRAM bytes, the first's time) and print them."""
+    from simflash.backends.profile import parse_ncu_csv
+
+    command, csv_text = profile(script, out, f"{name}_ncu.csv")
+    profiled = [k["metrics"] for k in parse_ncu_csv(csv_text) if k["name"].startswith(kernels)]
+    if len(profiled) != 2 * len(cases):
+        raise RuntimeError(f"{len(profiled)} kernels profiled, {2 * len(cases)} expected")
+    rows = []
+    for case, first, again in zip(cases, profiled[::2], profiled[1::2]):
+        rows.append({**case, "first_dram_read_bytes": first["dram__bytes_read.sum"],
+                     "second_dram_read_bytes": again["dram__bytes_read.sum"],
+                     "first_time_ns": first["gpu__time_duration.sum"]})
+        print("  ".join(f"{k}={v}" for k, v in case.items()),
+              f" first read {rows[-1]['first_dram_read_bytes'] / MiB:6.1f} MiB from DRAM,"
+              f" second {rows[-1]['second_dram_read_bytes'] / MiB:6.1f}")
+    (out / f"{name}.json").write_text(json.dumps({"command": command, "rows": rows}, indent=1))
+    return rows
+
+
 def target() -> None:
     import cupy
 

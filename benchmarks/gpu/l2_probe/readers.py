@@ -7,11 +7,10 @@ bytes of the second read say how much of the buffer stayed.
     python benchmarks/gpu/l2_probe/readers.py OUT_DIR     # runs ncu over itself: readers.json, readers_ncu.csv
 """
 
-import json
 import sys
 from pathlib import Path
 
-from probe import BLOCK, GRID, MiB, chunks, profile, read_kernel
+from probe import BLOCK, GRID, MiB, chunks, read_kernel, read_pairs
 
 SIZES = (32, 36, 40)
 READERS = (1, 2, 4, 16, 66, 132, 528)  # divisors of GRID
@@ -44,22 +43,8 @@ def target() -> None:
 
 
 def main(out: Path) -> None:
-    from simflash.backends.profile import parse_ncu_csv
-
-    command, csv_text = profile(__file__, out, "readers_ncu.csv")
-    kernels = [k for k in parse_ncu_csv(csv_text) if k["name"].startswith(("probe_read", "group_read"))]
-    cases = [(readers, size) for readers in READERS for size in SIZES]
-    if len(kernels) != 2 * len(cases):
-        raise RuntimeError(f"{len(kernels)} kernels profiled, {2 * len(cases)} expected")
-    rows = []
-    for at, (readers, size) in enumerate(cases):
-        first, again = kernels[2 * at], kernels[2 * at + 1]
-        rows.append({"readers": readers, "x_mib": size,
-                     "first_dram_read_bytes": first["metrics"]["dram__bytes_read.sum"],
-                     "second_dram_read_bytes": again["metrics"]["dram__bytes_read.sum"]})
-        print(f"k={readers:3d} X={size:3d}  first read {rows[-1]['first_dram_read_bytes'] / MiB:6.1f} MiB from DRAM, "
-              f"second {rows[-1]['second_dram_read_bytes'] / MiB:6.1f}")
-    (out / "readers.json").write_text(json.dumps({"command": command, "rows": rows}, indent=1))
+    read_pairs(__file__, out, "readers", ("probe_read", "group_read"),
+               [{"readers": readers, "x_mib": size} for readers in READERS for size in SIZES])
 
 
 if __name__ == "__main__":

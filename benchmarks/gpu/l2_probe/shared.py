@@ -13,11 +13,10 @@ how much a pattern re-fetches while it reads, the second how much of the buffer 
     python benchmarks/gpu/l2_probe/shared.py OUT_DIR     # runs ncu over itself: shared.json, shared_ncu.csv
 """
 
-import json
 import sys
 from pathlib import Path
 
-from probe import BLOCK, GRID, MiB, chunks, profile, read_kernel
+from probe import BLOCK, GRID, MiB, chunks, read_kernel, read_pairs
 
 SIZES = (8, 16, 20, 24, 28, 32, 36, 40, 48, 64)
 FIRST_READS = ("one", "all", "rotated")
@@ -63,23 +62,8 @@ def target() -> None:
 
 
 def main(out: Path) -> None:
-    from simflash.backends.profile import parse_ncu_csv
-
-    command, csv_text = profile(__file__, out, "shared_ncu.csv")
-    kernels = [k for k in parse_ncu_csv(csv_text) if k["name"].startswith(("probe_read", "all_read", "rotated_read"))]
-    cases = [(first, size) for first in FIRST_READS for size in SIZES]
-    if len(kernels) != 2 * len(cases):
-        raise RuntimeError(f"{len(kernels)} kernels profiled, {2 * len(cases)} expected")
-    rows = []
-    for at, (first, size) in enumerate(cases):
-        one, again = kernels[2 * at], kernels[2 * at + 1]
-        rows.append({"first_read": first, "x_mib": size,
-                     "first_dram_read_bytes": one["metrics"]["dram__bytes_read.sum"],
-                     "second_dram_read_bytes": again["metrics"]["dram__bytes_read.sum"],
-                     "first_time_ns": one["metrics"]["gpu__time_duration.sum"]})
-        print(f"{first:7s} X={size:3d}  first read {rows[-1]['first_dram_read_bytes'] / MiB:6.1f} MiB from DRAM, "
-              f"second {rows[-1]['second_dram_read_bytes'] / MiB:6.1f}")
-    (out / "shared.json").write_text(json.dumps({"command": command, "rows": rows}, indent=1))
+    read_pairs(__file__, out, "shared", ("probe_read", "all_read", "rotated_read"),
+               [{"first_read": first, "x_mib": size} for first in FIRST_READS for size in SIZES])
 
 
 if __name__ == "__main__":
