@@ -196,8 +196,11 @@ GPUS: dict[str, GPUSpec] = {name: _builtin_machine(name) for name in BUILTIN_MAC
 DEFAULT_GPU = "H200"
 
 
-def gpu_spec(name: str) -> GPUSpec:
+def gpu_spec(gpu: str | GPUSpec) -> GPUSpec:
+    """A machine by name, or the machine given (a GPUSpec, e.g. one evolved with other figures)."""
+    if isinstance(gpu, GPUSpec):
+        return gpu
     try:
-        return GPUS[name]
+        return GPUS[gpu]
     except KeyError:
-        raise ValueError(f"gpu must be one of {sorted(GPUS)}, got {name!r}") from None
+        raise ValueError(f"gpu must be one of {sorted(GPUS)}, got {gpu!r}") from None

@@ -114,7 +114,7 @@ def fit_naive_time(measurement: dict, gpu: GPUSpec | str = "H200") -> dict[str, 
     """The naive path's time figures (NAIVE_TIME_KEYS), fitted to the measured kernel durations of the
     fit set's naive rows: least squares on log time, with each kernel's DRAM bytes as the L2 model
     predicts them (so the figures hold for predicted, not measured, bytes)."""
-    spec = gpu if isinstance(gpu, GPUSpec) else gpu_spec(gpu)
+    spec = gpu_spec(gpu)
     rows = []  # (kernel, its L2 flow as predicted, GEMM FLOPs, exponentials, softmax rows, measured seconds)
     for index, entry in enumerate(measurement["configs"]):
         c = entry["config"]
@@ -146,7 +146,7 @@ def fit_tensor_efficiency(measurement: dict, times: dict, kernel: str, gpu: GPUS
     """An FA-2 kernel's achieved fraction of the tensor cores' peak (`tensor_efficiency_{kernel}`): over
     the fit set's rows of that kernel, its matmuls at peak against its CUDA-event time less the launch and
     the exponentials and FP32 work, all over the busiest SM's steps of the lock-step schedule; the median."""
-    spec = gpu if isinstance(gpu, GPUSpec) else gpu_spec(gpu)
+    spec = gpu_spec(gpu)
     implementation = "fa2" if kernel == "simflash" else kernel  # as the sweep names it
     timed = {json.dumps(t["config"], sort_keys=True): t["time_s"] for t in times["configs"]}
     ratios = []
@@ -166,7 +166,7 @@ def fit_spill_writes(measurements: Iterable[dict], gpu: GPUSpec | str = "H200") 
     (head dimension, mask), the bytes per CTA and per KV tile step that make the DRAM writes of the fit
     set's SDPA rows, cold and warm, what ncu measured. Least squares on the relative error, the L2 model's
     prediction without spills taken from each measured figure."""
-    spec = gpu if isinstance(gpu, GPUSpec) else gpu_spec(gpu)
+    spec = gpu_spec(gpu)
     bare = attrs.evolve(spec, calibration={k: v for k, v in spec.calibration.items() if not k.startswith("spill_")})
     rows: dict[str, list[tuple[int, int, int, int]]] = {}  # instantiation -> (CTAs, tile steps, predicted, measured)
     for measurement in measurements:

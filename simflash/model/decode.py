@@ -134,7 +134,7 @@ def decode_launch(n_kv: int, d: int, *, batch: int = 1, heads: int = 1, kv_heads
     """The split count (FA-2's heuristic when num_splits is None, fed as FA-2 feeds it), CTAs of both
     kernels, and the split kernel's waves on `gpu`. heads, kv_heads: per batch element."""
     n_kv, d, batch, n_q, cta_heads, pack = _sizes(n_kv, d, batch, heads, kv_heads, n_q, pack_gqa)
-    spec = gpu if isinstance(gpu, GPUSpec) else gpu_spec(gpu)
+    spec = gpu_spec(gpu)
     block_kv = default_block_kv(d) if block_kv is None else check_positive_int("block_kv", block_kv)
     kv_tiles = -(-n_kv // block_kv)
     q_tiles = -(-n_q * pack // SPLIT_BLOCK_Q)
@@ -341,7 +341,7 @@ def predict_decode(n_kv: int, d: int, *, batch: int = 1, heads: int = 1, kv_head
     a model, stated in `_kernel_time`; DRAM bytes are the ledger's (every byte from DRAM once: a cold L2 that never hits,
     which without pack_gqa overstates K and V, read once per query head of a group; `predict_decode_dram`
     plays the GPU backend's launch through the L2 model instead)."""
-    spec = gpu if isinstance(gpu, GPUSpec) else gpu_spec(gpu)
+    spec = gpu_spec(gpu)
     launch = decode_launch(n_kv, d, batch=batch, heads=heads, kv_heads=kv_heads, n_q=n_q, num_splits=num_splits,
                            block_kv=block_kv, pack_gqa=pack_gqa, dtype=dtype, gpu=spec)
     traffic = flash_decoding_traffic(n_kv, d, batch=batch, heads=heads, kv_heads=kv_heads, n_q=n_q,

@@ -149,7 +149,7 @@ def predict_decode_dram(
     None: FA-2's heuristic as the backend feeds it (split CTAs without splits, SMs x 2, KV tiles)."""
     if cache not in CACHE_MODES:
         raise ValueError(f"cache must be one of {CACHE_MODES}, got {cache!r}")
-    spec = gpu if isinstance(gpu, GPUSpec) else gpu_spec(gpu)
+    spec = gpu_spec(gpu)
     if d not in BLOCK_KV:
         raise ValueError(f"d must be one of {list(BLOCK_KV)} for the GPU Flash-Decoding kernels, got {d!r}")
     cta_heads, pack = head_groups(heads, kv_heads, check_bool("pack_gqa", pack_gqa))

@@ -95,7 +95,7 @@ def predict(
         check_positive_int(name, value)
     n_kv = n if n_kv is None else check_positive_int("n_kv", n_kv)
     check_causal_variant(causal_variant)
-    spec = gpu if isinstance(gpu, GPUSpec) else gpu_spec(gpu)
+    spec = gpu_spec(gpu)
     itemsize = storage_dtype(dtype).itemsize
     profile = kernel_profile(kernel)
     default_q, default_kv = profile.tiles(d)

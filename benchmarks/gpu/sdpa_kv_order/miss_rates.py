@@ -17,18 +17,16 @@ from pathlib import Path
 from simflash.chip import kernel_profile
 from simflash.config import MiB
 from simflash.model.calibration import REPORTS
-from simflash.schedule import TileSchedule
+from simflash.model.traffic import flash_traffic
 
 ROOT = Path(__file__).resolve().parents[1]
 ITEMSIZE = 2  # the sweeps are float16
 
 
 def logical_reads(n: int, d: int, heads: int, causal: bool) -> int:
-    """Q once per CTA, a K and a V tile per KV tile step, at SDPA's own tiles."""
+    """The FA-2 ledger's reads at SDPA's own tiles: Q once per CTA, a K and a V tile per KV tile step."""
     block_q, block_kv = kernel_profile("sdpa_flash").tiles(d)
-    sched = TileSchedule(n, n, block_q, block_kv, causal=causal)
-    steps = sum(len(sched.kv_range(i)) for i in range(sched.n_q_tiles))
-    return heads * (n * d + steps * 2 * block_kv * d) * ITEMSIZE
+    return flash_traffic(n, d, block_q, block_kv, causal=causal, heads=heads).read_bytes
 
 
 def main() -> None:
