@@ -1,13 +1,15 @@
 """Variants of the L2 model (simflash.l2), tried against the probe (probe.json) and the whole-chip sweeps,
 none of them kept: the scores docs/physical.md quotes for them.
 
-    python benchmarks/gpu/l2_probe/variants.py [VARIANT ...] [--sweeps] [--probe-rows]
+    python benchmarks/gpu/l2_probe/variants.py [VARIANT ...] [--sweeps] [--sdpa] [--probe-rows]
 
 Per variant: the probe's kernel rows predicted (DRAM bytes read and written, within 10% / 1 MiB, and the
 absolute error in MiB), and the calibration sweep's fit rows within 10% / 1 MiB (naive and simflash's
 FA-2 kernel, reads and writes, cold and warm: 256 in all), as the model's own figures were chosen. With
 --sweeps, every other sweep's rows too (run only after a variant has been judged on the fit rows); with
---probe-rows, each probe kernel's DRAM MiB read and written, predicted / measured.
+--sdpa, PyTorch SDPA's FA-2 rows beside them; with --probe-rows, each probe kernel's DRAM MiB read and
+written, predicted / measured. A variant with `pv_tiles` also plays the naive path's P V GEMM as
+pv_tiles.py lays it out.
 """
 
 import json
@@ -17,6 +19,7 @@ from pathlib import Path
 
 import attrs
 
+import pv_tiles
 import simflash.model.physical as physical
 from simflash.config import MiB, gpu_spec
 from simflash.l2 import RESIDUE, L2Cache, L2Mixture
@@ -30,22 +33,32 @@ PROBE_BLOCK = 256 * 1024
 
 @attrs.define
 class L2Variant(L2Cache):
-    """L2Cache with four switches: dirty bytes capped at `dirty_limit` (beyond it the least recently used
+    """L2Cache with five switches: dirty bytes capped at `dirty_limit` (beyond it the least recently used
     dirty blocks are written back and stay, clean); dirty blocks holding `dirty_weight` of their size; the
     cold flush's residue as dirty blocks at the least-recently-used end (in place of the ramp); a read of a
-    dirty block leaving its place in the order unchanged."""
+    dirty block leaving its place in the order unchanged; `shared_rereads`: a clean block read again, by any
+    CTA at any step, holding the cohort weight (data several SMs read) rather than only when a cohort reads it
+    in one step."""
 
     dirty_limit: float = float("inf")
     dirty_weight: float = 1.0
     residue_blocks: bool = False
     dirty_read_keeps_place: bool = False
+    shared_rereads: bool = False
     _dirty: OrderedDict = attrs.field(factory=OrderedDict)  # dirty keys, least recently used first
     _dirty_bytes: int = 0
 
     def read(self, key, nbytes, count=1):
         block = self._blocks.get(key)
-        if block is None or not block[1]:
+        if block is None or not (block[1] or self.shared_rereads):
             super().read(key, nbytes, count)
+            return
+        if not block[1]:  # a clean block read again: data several SMs read
+            self._resident_cost += nbytes * self.cohort_weight - block[2]
+            block[2] = nbytes * self.cohort_weight
+            self._flow(key[0])[0] += nbytes * count
+            self._blocks.move_to_end(key)
+            self._evict()
             return
         held = nbytes * self.dirty_weight * (self.cohort_weight if count > 1 else 1.0)
         self._resident_cost += held - block[2]
@@ -119,6 +132,11 @@ VARIANTS = {
     "dirty-cap-20": dict(dirty_limit=20.0),
     "mixture-3": dict(capacities=(23.5, 28.5, 33.5)),
     "mixture-5": dict(capacities=(26, 28.5, 31, 33.5, 36)),
+    "probe-shared": dict(capacities=(38, 44, 50, 56), read_fill_weight=1.0, cohort_weight=1.6, dirty_limit=28.2,
+                         residue_blocks=True, shared_rereads=True),
+    "probe-shared-pv-tiles": dict(capacities=(38, 44, 50, 56), read_fill_weight=1.0, cohort_weight=1.6,
+                                  dirty_limit=28.2, residue_blocks=True, shared_rereads=True, pv_tiles=True),
+    "current-pv-tiles": dict(pv_tiles=True),
 }
 
 
@@ -130,7 +148,7 @@ def l2_of(variant: dict):
         centre, spread = cal["l2_effective_bytes"] / MiB, cal["l2_capacity_spread_bytes"] / MiB
         options = {"read_fill_weight": cal["l2_read_fill_weight"], "flush_residue_bytes": int(cal["l2_flush_residue_bytes"]),
                    "residue_ramp_bytes": cal["l2_residue_ramp_bytes"], "cohort_weight": cal["l2_cohort_weight"],
-                   **{k: v for k, v in variant.items() if k != "capacities"}}
+                   **{k: v for k, v in variant.items() if k not in ("capacities", "pv_tiles")}}
         options["dirty_limit"] = options.get("dirty_limit", float("inf")) * MiB
         capacities = variant.get("capacities", (centre - spread, centre + spread))
         return L2Mixture(tuple(L2Variant(c * MiB, **options) for c in capacities))
@@ -171,11 +189,13 @@ def probe_rows(variant: dict, show_rows: bool = False) -> tuple[int, int, float]
     return ok, total, error
 
 
-def sweep_rows(sweep: str, subset: str | None = None) -> dict[tuple[str, str, str], list[int]]:
-    """{(implementation, cache, reads | writes): [rows within 10% / 1 MiB, rows]} of a sweep's naive and FA-2 rows."""
+def sweep_rows(sweep: str, subset: str | None = None, sdpa: bool = False) -> dict[tuple[str, str, str], list[int]]:
+    """{(implementation, cache, reads | writes): [rows within 10% / 1 MiB, rows]} of a sweep's naive and FA-2
+    rows (and SDPA's, with `sdpa`)."""
     counts: dict[tuple[str, str, str], list[int]] = {}
+    implementations = ("naive", "fa2", "sdpa_flash") if sdpa else ("naive", "fa2")
     for mode in ("cold", "warm"):
-        for c in compare(load(SWEEP_FOLDER / f"{sweep}_{mode}.json"), implementations=("naive", "fa2"), sweep=sweep):
+        for c in compare(load(SWEEP_FOLDER / f"{sweep}_{mode}.json"), implementations=implementations, sweep=sweep):
             if subset is not None and c.subset != subset:
                 continue
             for key, name in (("dram_read_bytes", "reads"), ("dram_write_bytes", "writes")):
@@ -192,19 +212,22 @@ def show(counts: dict[tuple[str, str, str], list[int]]) -> str:
     return f"{within} of {rows}  ({cells})"
 
 
-def main(names: list[str], sweeps: bool, show_rows: bool) -> None:
+def main(names: list[str], sweeps: bool, sdpa: bool, show_rows: bool) -> None:
+    model_naive = physical._naive
     for name in names or list(VARIANTS):
         variant = VARIANTS[name]
         physical.l2_cache = l2_of(variant)  # what predict() builds its L2 with
+        physical._naive = pv_tiles.naive if variant.get("pv_tiles") else model_naive
         ok, total, error = probe_rows(variant, show_rows)
         print(f"{name}: probe {ok} of {total} within, {error:.0f} MiB off in all", flush=True)
-        print(f"  calibration fit: {show(sweep_rows('calibration', 'fit'))}", flush=True)
+        print(f"  calibration fit: {show(sweep_rows('calibration', 'fit', sdpa))}", flush=True)
         if sweeps:
-            print(f"  calibration held-out: {show(sweep_rows('calibration', 'held-out'))}", flush=True)
+            print(f"  calibration held-out: {show(sweep_rows('calibration', 'held-out', sdpa))}", flush=True)
             for sweep in SWEEPS[1:]:
-                print(f"  {sweep}: {show(sweep_rows(sweep))}", flush=True)
+                print(f"  {sweep}: {show(sweep_rows(sweep, sdpa=sdpa))}", flush=True)
 
 
 if __name__ == "__main__":
-    flags = {"--sweeps", "--probe-rows"}
-    main([a for a in sys.argv[1:] if a not in flags], "--sweeps" in sys.argv[1:], "--probe-rows" in sys.argv[1:])
+    flags = {"--sweeps", "--sdpa", "--probe-rows"}
+    main([a for a in sys.argv[1:] if a not in flags], "--sweeps" in sys.argv[1:], "--sdpa" in sys.argv[1:],
+         "--probe-rows" in sys.argv[1:])
