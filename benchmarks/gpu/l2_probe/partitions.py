@@ -8,10 +8,9 @@ of the second read.
 """
 
 import json
-import sys
 from pathlib import Path
 
-from probe import BLOCK, GRID, MiB, chunks, profile, read_kernel
+from probe import BLOCK, GRID, MiB, chunks, profile, read_kernel, run
 
 SIZES = (8, 16, 20, 24, 28, 32, 40, 48, 64)
 SHIFTS = (0, 1, 33, 66, 264)
@@ -48,7 +47,4 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--target"]:
-        target()
-    else:
-        main(Path(sys.argv[1]))
+    run(target, main)

@@ -144,8 +144,14 @@ def main(out: Path) -> None:
         print(f"{row['pattern']:14s} X={row['x_mib']:3d} Y={row['y_mib']:3d}  {cells}")
 
 
-if __name__ == "__main__":
+def run(target, main) -> None:
+    """A probe script's entry: with --target, launch its kernels (what ncu profiles); with OUT_DIR, profile
+    them into it."""
     if sys.argv[1:] == ["--target"]:
         target()
     else:
         main(Path(sys.argv[1]))
+
+
+if __name__ == "__main__":
+    run(target, main)

@@ -7,10 +7,9 @@ bytes of the second read say how much of the buffer stayed.
     python benchmarks/gpu/l2_probe/readers.py OUT_DIR     # runs ncu over itself: readers.json, readers_ncu.csv
 """
 
-import sys
 from pathlib import Path
 
-from probe import BLOCK, GRID, MiB, chunks, read_kernel, read_pairs
+from probe import BLOCK, GRID, MiB, chunks, read_kernel, read_pairs, run
 
 SIZES = (32, 36, 40)
 READERS = (1, 2, 4, 16, 66, 132, 528)  # divisors of GRID
@@ -48,7 +47,4 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--target"]:
-        target()
-    else:
-        main(Path(sys.argv[1]))
+    run(target, main)

@@ -13,10 +13,9 @@ how much a pattern re-fetches while it reads, the second how much of the buffer 
     python benchmarks/gpu/l2_probe/shared.py OUT_DIR     # runs ncu over itself: shared.json, shared_ncu.csv
 """
 
-import sys
 from pathlib import Path
 
-from probe import BLOCK, GRID, MiB, chunks, read_kernel, read_pairs
+from probe import BLOCK, GRID, MiB, chunks, read_kernel, read_pairs, run
 
 SIZES = (8, 16, 20, 24, 28, 32, 36, 40, 48, 64)
 FIRST_READS = ("one", "all", "rotated")
@@ -67,7 +66,4 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--target"]:
-        target()
-    else:
-        main(Path(sys.argv[1]))
+    run(target, main)
