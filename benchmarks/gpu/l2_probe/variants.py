@@ -220,11 +220,30 @@ def main(names: list[str], sweeps: bool, sdpa: bool, show_rows: bool) -> None:
         physical._naive = pv_tiles.naive if variant.get("pv_tiles") else model_naive
         ok, total, error = probe_rows(variant, show_rows)
         print(f"{name}: probe {ok} of {total} within, {error:.0f} MiB off in all", flush=True)
-        print(f"  calibration fit: {show(sweep_rows('calibration', 'fit', sdpa))}", flush=True)
-        if sweeps:
-            print(f"  calibration held-out: {show(sweep_rows('calibration', 'held-out', sdpa))}", flush=True)
-            for sweep in SWEEPS[1:]:
-                print(f"  {sweep}: {show(sweep_rows(sweep, sdpa=sdpa))}", flush=True)
+        tables = [sweep_rows("calibration", "fit", sdpa)]
+        print(f"  calibration fit: {show(tables[0])}", flush=True)
+        if not sweeps:
+            continue
+        others = [("calibration held-out", "calibration", "held-out")] + [(sweep, sweep, None) for sweep in SWEEPS[1:]]
+        for label, sweep, subset in others:
+            tables.append(sweep_rows(sweep, subset, sdpa))
+            print(f"  {label}: {show(tables[-1])}", flush=True)
+        all_sweeps = summed(tables)
+        by_implementation = summed([{implementation: cell} for (implementation, _, _), cell in all_sweeps.items()])
+        print(f"  all eight sweeps: {show(all_sweeps)}", flush=True)
+        print("  all eight sweeps by implementation: "
+              + "  ".join(f"{i} {ok} of {n}" for i, (ok, n) in sorted(by_implementation.items())), flush=True)
+
+
+def summed(tables: list[dict]) -> dict:
+    """Several tables of {cell: [rows within, rows]} added up cell by cell."""
+    total: dict = {}
+    for table in tables:
+        for key, (ok, n) in table.items():
+            cell = total.setdefault(key, [0, 0])
+            cell[0] += ok
+            cell[1] += n
+    return total
 
 
 if __name__ == "__main__":

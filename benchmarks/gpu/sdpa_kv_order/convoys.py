@@ -130,6 +130,11 @@ def main(hit_costs: list[float]) -> None:
     for label, predicted in scores:
         ok = sum(within(p, r["measured"]["dram_read_bytes"]) for p, r in zip(predicted, rows))
         print(f"{label}: {ok} of {len(rows)} rows within 10% / 1 MiB")
+        for low, high in ((2, 20), (31, 64)):  # one head's K + V, MiB
+            ratios = sorted(p / r["measured"]["dram_read_bytes"] for p, r in zip(predicted, rows)
+                            if r["config"]["d"] == 128 and low <= r["config"]["n"] * 512 / MiB <= high)
+            print(f"  d = 128, K + V {low} to {high} MiB: predicted / measured {ratios[0]:.2f} to {ratios[-1]:.2f},"
+                  f" median {ratios[len(ratios) // 2]:.2f} ({len(ratios)} rows)")
 
 
 if __name__ == "__main__":
