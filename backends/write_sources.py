@@ -105,27 +105,30 @@ def _ncu(metrics: list[str], spec_path: Path, result_path: Path, report: Path) -
         return subprocess.run(command, check=False, stdout=stream, stderr=subprocess.STDOUT).returncode
 
 
-def measure(out: Path) -> dict:
+def measure(out: Path, configs: list[dict] = CONFIGS, metrics: dict[str, str] = METRICS,
+            name: str = "write_sources") -> dict:
+    """Profile `configs` cold with `metrics` ({our name: ncu's}; those this GPU lacks are left out and
+    listed), keeping ncu's raw report as out/{name}_ncu.csv."""
     from simflash.backends.calibrate import split_groups
     from simflash.backends.profile import available_metrics, find_ncu, parse_ncu_csv
 
     have = available_metrics(find_ncu())
-    metrics = [m for m in METRICS.values() if not have or m.rsplit(".", 1)[0] in have]
-    missing = sorted(set(METRICS.values()) - set(metrics))
+    wanted = [m for m in metrics.values() if not have or m.rsplit(".", 1)[0] in have]
+    missing = sorted(set(metrics.values()) - set(wanted))
     with tempfile.TemporaryDirectory() as folder:
         spec_path, result_path = Path(folder) / "spec.json", Path(folder) / "result.json"
-        spec_path.write_text(json.dumps({"configs": CONFIGS}))
-        report = out / "write_sources_ncu.csv"
-        code = _ncu(metrics + list(LAUNCH.values()), spec_path, result_path, report)
+        spec_path.write_text(json.dumps({"configs": configs}))
+        report = out / f"{name}_ncu.csv"
+        code = _ncu(wanted + list(LAUNCH.values()), spec_path, result_path, report)
         if code != 0 or not result_path.exists():  # the launch statistic may be refused
-            code = _ncu(metrics, spec_path, result_path, report)
+            code = _ncu(wanted, spec_path, result_path, report)
         if code != 0 or not result_path.exists():
             raise RuntimeError(f"ncu failed (exit {code}):\n{report.read_text()[-3000:]}")
-    groups = split_groups(parse_ncu_csv(report.read_text()), CONFIGS)
+    groups = split_groups(parse_ncu_csv(report.read_text()), configs)
     rows = []
-    for config, group in zip(CONFIGS, groups):
+    for config, group in zip(configs, groups):
         rows.append({"config": config, "kernels": [
-            {"name": k["name"][:120], **{ours: k["metrics"].get(theirs) for ours, theirs in {**METRICS, **LAUNCH}.items()}}
+            {"name": k["name"][:120], **{ours: k["metrics"].get(theirs) for ours, theirs in {**metrics, **LAUNCH}.items()}}
             for k in group]})
     return {"command": "python -m simflash.backends.write_sources $OUT", "cache": "cold (ncu --cache-control all)",
             "missing_metrics": missing, "configs": rows}
