@@ -110,11 +110,30 @@ def test_measured_flash_ncu_csv_for_either_kernel_name(tmp_path):
     report = tmp_path / "sdpa.csv"
     report.write_text(ncu_csv([("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128>>", 5_000_000,
                                  1_000_000, 50_000)]))
-    result = invoke("--n", "1024", "--kernel", "sdpa_flash", "--measured", str(report))
+    result = invoke("--n", "1024", "--heads", "16", "--kernel", "sdpa_flash", "--measured", str(report))
     assert result.exit_code == 0, result.output
     assert "measured" in result.output and "err" in result.output
-    data = json.loads(invoke("--n", "1024", "--kernel", "sdpa_flash", "--measured", str(report), "--json").output)
+    data = json.loads(invoke("--n", "1024", "--heads", "16", "--kernel", "sdpa_flash", "--measured", str(report),
+                             "--json").output)
     assert data["kernels"][0]["measured_dram_write_bytes"] == 1_000_000
+
+
+def test_measured_split_kv_ncu_csv_pairs_both_kernels(tmp_path):
+    """PyTorch runs a small grid split-KV: its two kernels are the prediction's split and combine rows."""
+    report = tmp_path / "split.csv"
+    report.write_text(ncu_csv([("void pytorch_flash::flash_fwd_splitkv_kernel<Flash_fwd_kernel_traits<128>>",
+                                3_200_000, 0, 32_000),
+                               ("void pytorch_flash::flash_fwd_splitkv_combine_kernel<Flash_fwd_kernel_traits<128>>",
+                                8_470_000, 0, 7_700)]))
+    data = json.loads(invoke("--n", "4096", "--kernel", "sdpa_flash", "--measured", str(report), "--json").output)
+    assert [k["kernel"] for k in data["kernels"]] == ["flash_decoding_split", "flash_decoding_combine"]
+    assert [k["measured_dram_read_bytes"] for k in data["kernels"]] == [3_200_000, 8_470_000]
+    assert "split-KV" in data["notes"][0]
+    flash = tmp_path / "flash.csv"
+    flash.write_text(ncu_csv([("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128>>", 1, 1, 1),
+                              ("void pytorch_flash::flash_fwd_splitkv_combine_kernel<Flash>", 1, 1, 1)]))
+    assert_refused(invoke("--n", "4096", "--kernel", "sdpa_flash", "--measured", str(flash)), "--measured",
+                   "split-KV kernel and its combine")
 
 
 def test_measured_calibration_json_picks_the_matching_configuration():

@@ -35,12 +35,12 @@ import attrs
 from simflash.algorithms.flash_decoding_combine import KERNEL as COMBINE_KERNEL
 from simflash.algorithms.flash_decoding_split import KERNEL as SPLIT_KERNEL
 from simflash.algorithms.flash_decoding_split import split_grid
-from simflash.chip import KernelProfile, l2_cache, resident_ctas
+from simflash.chip import KernelProfile, kernel_profile, l2_cache, resident_ctas
 from simflash.config import STATE_DTYPE, GPUSpec, check_bool, gpu_spec, storage_dtype
 from simflash.grid import CTA, Access, CTAProgram, kv_head, run_programs
 from simflash.l2 import L2, L2Flow
-from simflash.model.decode import SPLIT_BLOCK_Q, num_splits_heuristic
-from simflash.model.physical import CACHE_MODES
+from simflash.model.decode import SPLIT_BLOCK_Q, decode_launch, kernel_times, num_splits_heuristic
+from simflash.model.physical import CACHE_MODES, KernelPrediction
 from simflash.model.traffic import head_groups
 from simflash.occupancy import occupancy
 from simflash.schedule import SplitSchedule, check_cache_seqlens
@@ -66,12 +66,13 @@ class DecodeKernelDram:
     ctas: int
     resident_ctas: int
     makespan_steps: int
+    tile_steps: int  # the CTAs' steps summed (split: KV tiles visited; combine: partial rows read)
     flow: L2Flow  # logical reads and writes, L2 hits, DRAM reads and writes, dirty at the end
     by_tensor: dict[str, L2Flow]
 
     def to_dict(self) -> dict:
         return {"kernel": self.kernel, "ctas": self.ctas, "resident_ctas": self.resident_ctas,
-                "makespan_steps": self.makespan_steps, **attrs.asdict(self.flow),
+                "makespan_steps": self.makespan_steps, "tile_steps": self.tile_steps, **attrs.asdict(self.flow),
                 "by_tensor": {name: attrs.asdict(flow) for name, flow in self.by_tensor.items()}}
 
 
@@ -142,15 +143,16 @@ def predict_decode_dram(
     n_kv: int, d: int, *, batch: int = 1, heads: int = 1, kv_heads: int | None = None, n_q: int = 1,
     num_splits: int | None = None, block_kv: int | None = None, pack_gqa: bool = True, cache_seqlens=None,
     causal: bool = False, window: tuple[int, int] = (-1, -1), dtype: str = "float16", gpu: str | GPUSpec = "H200",
-    cache: str = "cold",
+    cache: str = "cold", split_profile: KernelProfile = SPLIT_PROFILE,
 ) -> DecodeDramPrediction:
     """DRAM bytes of the GPU backend's Flash-Decoding step on `gpu`, kernel by kernel and tensor by tensor.
     heads, kv_heads: per batch element; block_kv None: the backend's default tile (BLOCK_KV); num_splits
-    None: FA-2's heuristic as the backend feeds it (split CTAs without splits, SMs x 2, KV tiles)."""
+    None: FA-2's heuristic as the backend feeds it (split CTAs without splits, SMs x 2, KV tiles).
+    split_profile: the split kernel's launch (another's than the backend's, e.g. PyTorch's, with block_kv)."""
     if cache not in CACHE_MODES:
         raise ValueError(f"cache must be one of {CACHE_MODES}, got {cache!r}")
     spec = gpu_spec(gpu)
-    if d not in BLOCK_KV:
+    if split_profile is SPLIT_PROFILE and d not in BLOCK_KV:
         raise ValueError(f"d must be one of {list(BLOCK_KV)} for the GPU Flash-Decoding kernels, got {d!r}")
     cta_heads, pack = head_groups(heads, kv_heads, check_bool("pack_gqa", pack_gqa))
     group = 1 if pack_gqa else heads // (kv_heads or heads)  # CTA heads per K/V head
@@ -166,7 +168,7 @@ def predict_decode_dram(
               "gpu": spec.name, "cache": cache}
     l2 = l2_cache(spec)
     splits = split_programs(sched, cta_heads, group, d, itemsize)
-    launches = [(SPLIT_KERNEL, splits, resident_ctas(spec, SPLIT_PROFILE, SPLIT_BLOCK_Q, block_kv, d, itemsize))]
+    launches = [(SPLIT_KERNEL, splits, resident_ctas(spec, split_profile, SPLIT_BLOCK_Q, block_kv, d, itemsize))]
     if num_splits > 1:
         rows = batch * cta_heads * sched.of_batch(0).n_rows
         launches.append((COMBINE_KERNEL, combine_programs(rows, num_splits, d, itemsize),
@@ -184,4 +186,35 @@ def _play(l2: L2, cache: str, kernel: str, programs: list[CTAProgram], slots: in
     l2.end_kernel()
     traffic = l2.traffic()
     by_tensor = {tensor: flow for (name, tensor), flow in traffic.ledger.items() if name == kernel}
-    return DecodeKernelDram(kernel, len(programs), slots, steps, traffic.by_kernel[kernel], by_tensor)
+    return DecodeKernelDram(kernel, len(programs), slots, steps, sum(p.cta.n_steps for p in programs),
+                            traffic.by_kernel[kernel], by_tensor)
+
+
+def predict_sdpa_split_kv(n: int, n_kv: int, d: int, heads: int, causal: bool, dtype: str, spec: GPUSpec,
+                          cache: str) -> tuple[tuple[KernelPrediction, ...], str] | None:
+    """PyTorch's FA-2 forward where its grid is too small to fill the chip: mha_fwd runs it split-KV when
+    FA-2's heuristic (`simflash.model.decode.decode_launch`: query tiles of 64 rows against 2 x SMs) picks
+    more than one split, as it does below 0.8 x 2 x SMs such tiles. Its two kernels (the split kernel with
+    FA-2's KV tile, writing fp32 partials; the combine) are played through the L2 as Flash-Decoding's
+    (`predict_decode_dram`) and timed by the decode model (`simflash.model.decode.kernel_times`). Returns
+    the kernels and a note saying so, or None where FA-2 runs one split (the plain kernel)."""
+    launch = decode_launch(n_kv, d, heads=heads, n_q=n, pack_gqa=False, dtype=dtype, gpu=spec)
+    if launch.num_splits == 1:
+        return None
+    dram = predict_decode_dram(n_kv, d, heads=heads, n_q=n, num_splits=launch.num_splits, block_kv=launch.block_kv,
+                               pack_gqa=False, causal=causal, dtype=dtype, gpu=spec, cache=cache,
+                               split_profile=kernel_profile("sdpa_flash"))
+    times = kernel_times(spec, launch, d, *(k.flow.dram_read_bytes + k.flow.dram_write_bytes for k in dram.kernels))
+    steps_per_cta = {SPLIT_KERNEL: launch.tiles_per_split, COMBINE_KERNEL: launch.num_splits}
+    kernels = tuple(KernelPrediction(
+        kernel=k.kernel, logical_read_bytes=k.flow.read_bytes, logical_write_bytes=k.flow.write_bytes,
+        l2_hit_bytes=k.flow.hit_bytes, dram_read_bytes=k.flow.dram_read_bytes, dram_write_bytes=k.flow.dram_write_bytes,
+        dirty_at_end_bytes=k.flow.dirty_at_end_bytes, spill_write_bytes=0, time_s=t.time_s, bound=t.bound, ctas=k.ctas,
+        resident_ctas=k.resident_ctas, tile_steps=k.tile_steps, makespan_steps=k.makespan_steps,
+        busiest_sm_steps=t.sm_rounds * steps_per_cta[k.kernel]) for k, t in zip(dram.kernels, times))
+    q_tiles = heads * -(-n // SPLIT_BLOCK_Q)
+    note = (f"PyTorch runs this grid split-KV ({q_tiles} query tiles of {SPLIT_BLOCK_Q} rows fill less than 0.8 x 2 x "
+            f"{spec.sm_count} SMs): {launch.num_splits} splits of {launch.block_kv}-row KV tiles, flash_fwd_splitkv_kernel "
+            f"writing fp32 partial outputs and flash_fwd_splitkv_combine_kernel, predicted as the {SPLIT_KERNEL} and "
+            f"{COMBINE_KERNEL} kernels; their time is the decode model's, not fitted to these kernels")
+    return kernels, note

@@ -6,8 +6,10 @@ Three kinds of file are read, each for the configuration a prediction was made f
   dram__bytes_write.sum and optionally gpu__time_duration.sum) of one configuration's kernels. Kernel
   names map to the ledger's: a name holding "softmax" is the softmax, the kernels before it are
   gemm_qk and those after it gemm_pv (cuBLAS may launch several; they are summed); a name holding
-  "flash" (flash2_forward, pytorch_flash::flash_fwd_kernel) is flash2_forward; the sweep's marker
-  kernel (simflash_group_marker) is skipped;
+  "flash" (flash2_forward, pytorch_flash::flash_fwd_kernel) is flash2_forward, or, where PyTorch ran
+  the grid split-KV, flash_fwd_splitkv_kernel and flash_fwd_splitkv_combine_kernel are the
+  flash_decoding_split and flash_decoding_combine kernels; the sweep's marker kernel
+  (simflash_group_marker) is skipped;
 - the calibration sweep's JSON (`simflash gpu calibrate --save`, benchmarks/gpu/calibration_*.json):
   the configuration matching the prediction's, "fa2" for simflash's kernel, "sdpa_flash" for PyTorch's;
 - the older profile JSON (`simflash gpu profile --save`, benchmarks/gpu/profile.json; cold caches).
@@ -21,6 +23,10 @@ import csv
 import io
 import json
 from pathlib import Path
+
+from simflash.algorithms.flash2 import KERNEL as FA2_KERNEL
+from simflash.algorithms.flash_decoding_combine import KERNEL as COMBINE_KERNEL
+from simflash.algorithms.flash_decoding_split import KERNEL as SPLIT_KERNEL
 
 MARKER_KERNEL = "simflash_group_marker"
 NCU_METRICS = {"dram_read_bytes": "dram__bytes_read.sum", "dram_write_bytes": "dram__bytes_write.sum"}
@@ -197,11 +203,20 @@ def _from_ncu_csv(text: str, path: Path, config: dict) -> Measured:
                   "gemm_pv": [k for k, kind in zip(kernels[at + 1:], kinds[at + 1:]) if kind == "other"]}
     else:
         flash = [k for k, kind in zip(kernels, kinds) if kind == "flash"]
-        if len(flash) != 1:
-            raise ValueError(f"{path}: expected one FlashAttention kernel (a name holding 'flash'), found "
-                             f"{len(flash)}; give a report of one configuration")
-        stages = {"flash2_forward": flash}
+        stages = {_flash_stage(k["name"]): [k] for k in flash}
+        if len(stages) != len(flash) or set(stages) not in ({FA2_KERNEL}, {SPLIT_KERNEL, COMBINE_KERNEL}):
+            raise ValueError(f"{path}: expected one FlashAttention kernel (a name holding 'flash'), or a split-KV "
+                             f"kernel and its combine, found {len(flash)}; give a report of one configuration")
     return {name: _sum_kernels(group, time_scale) for name, group in stages.items() if group}
+
+
+def _flash_stage(name: str) -> str:
+    """The ledger name of a FlashAttention kernel: FA-2's split-KV pair (PyTorch's flash_fwd_splitkv_kernel
+    and flash_fwd_splitkv_combine_kernel, or simflash's Flash-Decoding kernels) or flash2_forward."""
+    name = name.lower()
+    if "combine" in name:
+        return COMBINE_KERNEL
+    return SPLIT_KERNEL if "splitkv" in name or "decoding_split" in name else FA2_KERNEL
 
 
 def _units(rows: list[list[str]], header: list[str], path: Path) -> float:

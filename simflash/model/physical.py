@@ -84,7 +84,8 @@ def predict(
 
     kernel names the FA-2 implementation whose occupancy and launch order are modelled: "simflash"
     (the GPU backend's kernel) or "sdpa_flash" (FlashAttention-2 in PyTorch); its default tiles
-    unless block_q/block_kv are given."""
+    unless block_q/block_kv are given. PyTorch runs a grid too small to fill the chip split-KV: two
+    kernels (`simflash.model.decode_chip.predict_sdpa_split_kv`) in place of flash2_forward."""
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
     if cache not in CACHE_MODES:
@@ -107,6 +108,14 @@ def predict(
     if algorithm == "naive":
         return PhysicalPrediction(config, _naive(spec, l2, n, n_kv, d, heads, causal, causal_variant, itemsize, cache))
     config.update(kernel=kernel, block_q=block_q, block_kv=block_kv)
+    if kernel == "sdpa_flash" and (block_q, block_kv) == profile.tiles(d) and (
+            not causal or n == n_kv or causal_variant == "lower_right"):  # the split path's mask is bottom-right
+        from simflash.model.decode_chip import predict_sdpa_split_kv  # (that module builds on this one)
+
+        split = predict_sdpa_split_kv(n, n_kv, d, heads, causal, dtype, spec, cache)
+        if split is not None:
+            kernels, note = split
+            return PhysicalPrediction(config, kernels, (note,))
     sched = TileSchedule(n, n_kv, block_q, block_kv, causal=causal, causal_variant=causal_variant)
     fa2 = FLASH_ALGORITHMS["fa2"]
     ctas = fa2.grid(sched, heads, longest_first=profile.longest_first, kv_descending=profile.kv_descending)
