@@ -27,6 +27,7 @@ from pathlib import Path
 
 from simflash.backends.calibrate_target import MARKER
 from simflash.backends.profile import available_metrics, find_ncu, parse_ncu_csv
+from simflash.model.measured import flash_stage
 
 METRICS = {
     "dram_read_bytes": "dram__bytes_read.sum",
@@ -138,9 +139,20 @@ def verify_configs() -> list[dict]:
                    (116736, 1)))
 
 
+def splitkv_configs() -> list[dict]:
+    """A ninth sweep: PyTorch SDPA's grids too small to fill the chip, which it runs split-KV (FA-2's
+    heuristic, heads x ceil(N / 64) below 0.8 x 2 x SMs), at d = 128 and 64, causal and not; defined and
+    measured after that path was modelled on the five split-KV rows of the floor probe
+    (benchmarks/gpu/sdpa_kv_order/floor.json)."""
+    shapes = ((512, 2), (1024, 1), (1024, 3), (2048, 2), (3072, 1), (3072, 3), (4096, 2), (6144, 1), (6144, 2),
+              (8192, 1), (10240, 1), (12288, 1))
+    return [_config("sdpa_flash", n, heads, d, causal) for d in (128, 64) for causal in (False, True)
+            for n, heads in shapes]
+
+
 SWEEPS = {"calibration": sweep_configs, "validation": validation_configs, "unseen": unseen_configs,
           "blind": blind_configs, "confirm": confirm_configs, "fresh": fresh_configs, "recheck": recheck_configs,
-          "verify": verify_configs}
+          "verify": verify_configs, "splitkv": splitkv_configs}
 
 
 def split_groups(kernels: list[dict], configs: list[dict]) -> list[list[dict]]:
@@ -162,8 +174,10 @@ def kernel_rows(config: dict, group: list[dict]) -> list[dict]:
     if config["algorithm"] == "naive":
         softmax = next(i for i, name in enumerate(names) if "naive_softmax" in name)
         stages = {"gemm_qk": group[:softmax], "softmax": group[softmax:softmax + 1], "gemm_pv": group[softmax + 1:]}
-    else:
-        stages = {"flash2_forward": group}
+    else:  # flash2_forward, or PyTorch's split-KV pair where the grid is small
+        stages = {}
+        for kernel in group:
+            stages.setdefault(flash_stage(kernel["name"]), []).append(kernel)
     rows = []
     for stage, kernels in stages.items():
         sums = {ours: sum(k["metrics"].get(theirs, 0.0) for k in kernels) for ours, theirs in METRICS.items()

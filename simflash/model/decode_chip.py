@@ -40,7 +40,8 @@ from simflash.config import STATE_DTYPE, GPUSpec, check_bool, gpu_spec, storage_
 from simflash.grid import CTA, Access, CTAProgram, kv_head, run_programs
 from simflash.l2 import L2, L2Flow
 from simflash.model.decode import SPLIT_BLOCK_Q, decode_launch, kernel_times, num_splits_heuristic
-from simflash.model.physical import CACHE_MODES, KernelPrediction
+from simflash.model.physical import (CACHE_MODES, LAUNCH_SECONDS, KernelPrediction, _flash_seconds,
+                                     _flash_step_seconds, _prediction, busiest_sm_steps)
 from simflash.model.traffic import head_groups
 from simflash.occupancy import occupancy
 from simflash.schedule import SplitSchedule, check_cache_seqlens
@@ -67,12 +68,14 @@ class DecodeKernelDram:
     resident_ctas: int
     makespan_steps: int
     tile_steps: int  # the CTAs' steps summed (split: KV tiles visited; combine: partial rows read)
+    busiest_sm_steps: int  # one CTA's steps the busiest SM works through (simflash.model.physical.busiest_sm_steps)
     flow: L2Flow  # logical reads and writes, L2 hits, DRAM reads and writes, dirty at the end
     by_tensor: dict[str, L2Flow]
 
     def to_dict(self) -> dict:
         return {"kernel": self.kernel, "ctas": self.ctas, "resident_ctas": self.resident_ctas,
-                "makespan_steps": self.makespan_steps, "tile_steps": self.tile_steps, **attrs.asdict(self.flow),
+                "makespan_steps": self.makespan_steps, "tile_steps": self.tile_steps,
+                "busiest_sm_steps": self.busiest_sm_steps, **attrs.asdict(self.flow),
                 "by_tensor": {name: attrs.asdict(flow) for name, flow in self.by_tensor.items()}}
 
 
@@ -173,21 +176,21 @@ def predict_decode_dram(
         rows = batch * cta_heads * sched.of_batch(0).n_rows
         launches.append((COMBINE_KERNEL, combine_programs(rows, num_splits, d, itemsize),
                          combine_resident_ctas(spec, num_splits)))
-    return DecodeDramPrediction(config, tuple(_play(l2, cache, *launch, first=at == 0)
+    return DecodeDramPrediction(config, tuple(_play(l2, cache, *launch, first=at == 0, sm_count=spec.sm_count)
                                               for at, launch in enumerate(launches)))
 
 
-def _play(l2: L2, cache: str, kernel: str, programs: list[CTAProgram], slots: int, first: bool
+def _play(l2: L2, cache: str, kernel: str, programs: list[CTAProgram], slots: int, first: bool, sm_count: int
           ) -> DecodeKernelDram:
     if cache == "cold" or first:
         l2.flush()
     l2.kernel = kernel
-    steps = len(run_programs(programs, slots, l2))
+    resident = run_programs(programs, slots, l2)
     l2.end_kernel()
     traffic = l2.traffic()
     by_tensor = {tensor: flow for (name, tensor), flow in traffic.ledger.items() if name == kernel}
-    return DecodeKernelDram(kernel, len(programs), slots, steps, sum(p.cta.n_steps for p in programs),
-                            traffic.by_kernel[kernel], by_tensor)
+    return DecodeKernelDram(kernel, len(programs), slots, len(resident), sum(p.cta.n_steps for p in programs),
+                            busiest_sm_steps(resident, sm_count), traffic.by_kernel[kernel], by_tensor)
 
 
 def predict_sdpa_split_kv(n: int, n_kv: int, d: int, heads: int, causal: bool, dtype: str, spec: GPUSpec,
@@ -196,25 +199,28 @@ def predict_sdpa_split_kv(n: int, n_kv: int, d: int, heads: int, causal: bool, d
     FA-2's heuristic (`simflash.model.decode.decode_launch`: query tiles of 64 rows against 2 x SMs) picks
     more than one split, as it does below 0.8 x 2 x SMs such tiles. Its two kernels (the split kernel with
     FA-2's KV tile, writing fp32 partials; the combine) are played through the L2 as Flash-Decoding's
-    (`predict_decode_dram`) and timed by the decode model (`simflash.model.decode.kernel_times`). Returns
-    the kernels and a note saying so, or None where FA-2 runs one split (the plain kernel)."""
+    (`predict_decode_dram`). The split kernel is timed as the FA-2 kernel is (the busiest SM's KV tiles
+    over the lock-step schedule, at 64 query rows a tile; its DRAM and L2 terms), the combine by the
+    decode model (`simflash.model.decode.kernel_times`). Returns the kernels and a note saying so, or
+    None where FA-2 runs one split (the plain kernel)."""
     launch = decode_launch(n_kv, d, heads=heads, n_q=n, pack_gqa=False, dtype=dtype, gpu=spec)
     if launch.num_splits == 1:
         return None
-    dram = predict_decode_dram(n_kv, d, heads=heads, n_q=n, num_splits=launch.num_splits, block_kv=launch.block_kv,
-                               pack_gqa=False, causal=causal, dtype=dtype, gpu=spec, cache=cache,
-                               split_profile=kernel_profile("sdpa_flash"))
-    times = kernel_times(spec, launch, d, *(k.flow.dram_read_bytes + k.flow.dram_write_bytes for k in dram.kernels))
-    steps_per_cta = {SPLIT_KERNEL: launch.tiles_per_split, COMBINE_KERNEL: launch.num_splits}
-    kernels = tuple(KernelPrediction(
-        kernel=k.kernel, logical_read_bytes=k.flow.read_bytes, logical_write_bytes=k.flow.write_bytes,
-        l2_hit_bytes=k.flow.hit_bytes, dram_read_bytes=k.flow.dram_read_bytes, dram_write_bytes=k.flow.dram_write_bytes,
-        dirty_at_end_bytes=k.flow.dirty_at_end_bytes, spill_write_bytes=0, time_s=t.time_s, bound=t.bound, ctas=k.ctas,
-        resident_ctas=k.resident_ctas, tile_steps=k.tile_steps, makespan_steps=k.makespan_steps,
-        busiest_sm_steps=t.sm_rounds * steps_per_cta[k.kernel]) for k, t in zip(dram.kernels, times))
+    split, combine = predict_decode_dram(
+        n_kv, d, heads=heads, n_q=n, num_splits=launch.num_splits, block_kv=launch.block_kv, pack_gqa=False,
+        causal=causal, dtype=dtype, gpu=spec, cache=cache, split_profile=kernel_profile("sdpa_flash")).kernels
+    step_s = _flash_step_seconds(spec, "sdpa_flash", SPLIT_BLOCK_Q, launch.block_kv, d)
+    split_terms = _flash_seconds(spec, split.flow, split.busiest_sm_steps * step_s)
+    combine_time = kernel_times(spec, launch, d, 0, combine.flow.dram_read_bytes + combine.flow.dram_write_bytes)[1]
+    kernels = (
+        _prediction(split.kernel, split.flow, split_terms, LAUNCH_SECONDS, split.ctas, split.resident_ctas,
+                    split.tile_steps, split.makespan_steps, split.busiest_sm_steps),
+        _prediction(combine.kernel, combine.flow, {combine_time.bound: combine_time.time_s - LAUNCH_SECONDS},
+                    LAUNCH_SECONDS, combine.ctas, combine.resident_ctas, combine.tile_steps, combine.makespan_steps,
+                    combine.busiest_sm_steps))
     q_tiles = heads * -(-n // SPLIT_BLOCK_Q)
     note = (f"PyTorch runs this grid split-KV ({q_tiles} query tiles of {SPLIT_BLOCK_Q} rows fill less than 0.8 x 2 x "
             f"{spec.sm_count} SMs): {launch.num_splits} splits of {launch.block_kv}-row KV tiles, flash_fwd_splitkv_kernel "
             f"writing fp32 partial outputs and flash_fwd_splitkv_combine_kernel, predicted as the {SPLIT_KERNEL} and "
-            f"{COMBINE_KERNEL} kernels; their time is the decode model's, not fitted to these kernels")
+            f"{COMBINE_KERNEL} kernels; the combine's time is the decode model's")
     return kernels, note

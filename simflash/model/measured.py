@@ -203,14 +203,14 @@ def _from_ncu_csv(text: str, path: Path, config: dict) -> Measured:
                   "gemm_pv": [k for k, kind in zip(kernels[at + 1:], kinds[at + 1:]) if kind == "other"]}
     else:
         flash = [k for k, kind in zip(kernels, kinds) if kind == "flash"]
-        stages = {_flash_stage(k["name"]): [k] for k in flash}
+        stages = {flash_stage(k["name"]): [k] for k in flash}
         if len(stages) != len(flash) or set(stages) not in ({FA2_KERNEL}, {SPLIT_KERNEL, COMBINE_KERNEL}):
             raise ValueError(f"{path}: expected one FlashAttention kernel (a name holding 'flash'), or a split-KV "
                              f"kernel and its combine, found {len(flash)}; give a report of one configuration")
     return {name: _sum_kernels(group, time_scale) for name, group in stages.items() if group}
 
 
-def _flash_stage(name: str) -> str:
+def flash_stage(name: str) -> str:
     """The ledger name of a FlashAttention kernel: FA-2's split-KV pair (PyTorch's flash_fwd_splitkv_kernel
     and flash_fwd_splitkv_combine_kernel, or simflash's Flash-Decoding kernels) or flash2_forward."""
     name = name.lower()

@@ -23,7 +23,7 @@ import pv_tiles
 import simflash.model.physical as physical
 from simflash.config import MiB, gpu_spec
 from simflash.l2 import RESIDUE, L2Cache, L2Mixture
-from simflash.model.calibration import SWEEPS, compare, load
+from simflash.model.calibration import REGIME_SWEEPS, compare, load
 
 HERE = Path(__file__).resolve().parent
 SWEEP_FOLDER = HERE.parent
@@ -224,7 +224,7 @@ def main(names: list[str], sweeps: bool, sdpa: bool, show_rows: bool) -> None:
         print(f"  calibration fit: {show(tables[0])}", flush=True)
         if not sweeps:
             continue
-        others = [("calibration held-out", "calibration", "held-out")] + [(sweep, sweep, None) for sweep in SWEEPS[1:]]
+        others = [("calibration held-out", "calibration", "held-out")] + [(sweep, sweep, None) for sweep in REGIME_SWEEPS[1:]]
         for label, sweep, subset in others:
             tables.append(sweep_rows(sweep, subset, sdpa))
             print(f"  {label}: {show(tables[-1])}", flush=True)

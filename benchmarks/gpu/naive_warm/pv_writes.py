@@ -9,7 +9,7 @@ from pathlib import Path
 from statistics import median
 
 from simflash.config import MiB
-from simflash.model.calibration import SWEEPS
+from simflash.model.calibration import REGIME_SWEEPS
 
 ROOT = Path(__file__).resolve().parents[1]
 BANDS = ((20, 36), (36, 56), (56, 100), (100, 1024))  # MiB of S (heads x N^2 x 2 bytes)
@@ -21,7 +21,7 @@ def gemm_pv_writes(entry: dict) -> int:
 
 def main() -> None:
     extra = []  # (MiB of S, N, warm - cold MiB)
-    for sweep in SWEEPS:
+    for sweep in REGIME_SWEEPS:
         cold, warm = (json.loads((ROOT / f"{sweep}_{mode}.json").read_text())["configs"] for mode in ("cold", "warm"))
         for c, w in zip(cold, warm):
             config = c["config"]

@@ -25,7 +25,7 @@ import simflash.model.physical as physical
 from simflash.config import MiB
 from simflash.grid import CTAProgram, lockstep
 from simflash.l2 import L2
-from simflash.model.calibration import REPORTS, within
+from simflash.model.calibration import REGIME_REPORTS, within
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -107,7 +107,7 @@ def run_convoys(programs, slots: int, l2: L2, hit_cost: float) -> list[int]:
 
 def main(hit_costs: list[float]) -> None:
     rows = []
-    for name in REPORTS.values():
+    for name in REGIME_REPORTS.values():
         for row in json.loads((ROOT / name).read_text())["rows"]:
             c = row["config"]
             if row["implementation"] == "sdpa_flash" and row["cache"] == "cold" and c["causal"]:

@@ -23,7 +23,7 @@ import simflash.model.calibration as calibration
 import simflash.model.physical as physical
 from simflash.chip import kernel_profile, resident_ctas
 from simflash.config import gpu_spec
-from simflash.model.calibration import REPORTS, SWEEPS, compare, fit_spill_writes
+from simflash.model.calibration import REGIME_REPORTS, REGIME_SWEEPS, compare, fit_spill_writes
 
 ROOT = Path(__file__).resolve().parents[1]
 STACK_BYTES = {(64, False): 112, (64, True): 136, (128, False): 144, (128, True): 136}  # a thread, sm_90 fp16
@@ -76,7 +76,7 @@ def show(label: str, rows: list[tuple[str, str, float, float]]) -> None:
 
 def main() -> None:
     model = [(r["cache"], key, r["predicted"][key], r["measured"][key])
-             for name in REPORTS.values() for r in json.loads((ROOT / name).read_text())["rows"]
+             for name in REGIME_REPORTS.values() for r in json.loads((ROOT / name).read_text())["rows"]
              if r["implementation"] == "sdpa_flash" for key in ("dram_read_bytes", "dram_write_bytes")]
     show("model (the committed reports)", model)
     calibration.predict = predict_with_frames
@@ -84,7 +84,7 @@ def main() -> None:
     print("spill figures refitted with the frames: " + ", ".join(f"{k} {v:.4g}" for k, v in sorted(fitted.items())))
     spec_calibration = {**gpu_spec("H200").calibration, **fitted}
     with Pool(2) as pool:
-        rows = pool.map(sweep_rows, [(sweep, mode, spec_calibration) for sweep in SWEEPS for mode in ("cold", "warm")])
+        rows = pool.map(sweep_rows, [(sweep, mode, spec_calibration) for sweep in REGIME_SWEEPS for mode in ("cold", "warm")])
     show("frames", [row for part in rows for row in part])
 
 

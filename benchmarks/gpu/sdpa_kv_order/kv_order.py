@@ -23,7 +23,7 @@ from simflash.algorithms.flash2 import flash2_grid, flash2_program
 from simflash.chip import kernel_profile, l2_cache, resident_ctas
 from simflash.config import gpu_spec
 from simflash.grid import run_programs
-from simflash.model.calibration import SWEEPS, within
+from simflash.model.calibration import REGIME_SWEEPS, within
 from simflash.schedule import TileSchedule
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,7 +47,7 @@ def main() -> None:
     passed = {False: Counter(), True: Counter()}
     causal_log_errors: dict[bool, list[float]] = {False: [], True: []}
     rows = Counter()
-    for sweep in SWEEPS:
+    for sweep in REGIME_SWEEPS:
         for cache in ("cold", "warm"):
             for entry in json.loads((ROOT / f"{sweep}_{cache}.json").read_text())["configs"]:
                 c = entry["config"]

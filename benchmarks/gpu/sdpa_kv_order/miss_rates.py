@@ -16,7 +16,7 @@ from pathlib import Path
 
 from simflash.chip import kernel_profile
 from simflash.config import MiB
-from simflash.model.calibration import REPORTS
+from simflash.model.calibration import REGIME_REPORTS
 from simflash.model.traffic import flash_traffic
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,7 +31,7 @@ def logical_reads(n: int, d: int, heads: int, causal: bool) -> int:
 
 def main() -> None:
     rows = {}
-    for name in REPORTS.values():
+    for name in REGIME_REPORTS.values():
         for row in json.loads((ROOT / name).read_text())["rows"]:
             c = row["config"]
             if row["implementation"] == "sdpa_flash" and row["cache"] == "cold":
