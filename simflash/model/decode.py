@@ -348,26 +348,23 @@ def predict_decode(n_kv: int, d: int, *, batch: int = 1, heads: int = 1, kv_head
                                      num_splits=launch.num_splits, block_kv=launch.block_kv, pack_gqa=pack_gqa,
                                      dtype=dtype)
     flows = traffic.by_kernel
-    return DecodePrediction(launch, traffic, kernel_times(
-        spec, launch, d, flows[SPLIT_KERNEL].total_bytes,
-        flows[COMBINE_KERNEL].total_bytes if launch.num_splits > 1 else 0))
-
-
-def kernel_times(spec: GPUSpec, launch: DecodeLaunch, d: int, split_bytes: int, combine_bytes: int
-                 ) -> tuple[KernelTime, ...]:
-    """Both kernels' times (`_kernel_time`), given the DRAM bytes each moves; the split kernel's alone with
-    one split."""
     # a split CTA: its KV tiles at FA-2's per-tile cost (64 query rows on the tensor cores, padded or not)
     tile_s = _flash_step_seconds(spec, "sdpa_flash", launch.block_q, launch.block_kv, d)
-    kernels = [_kernel_time(spec, SPLIT_KERNEL, launch.split_ctas, launch.cta_slots, split_bytes,
-                            launch.tiles_per_split * tile_s)]
+    kernels = [_kernel_time(spec, SPLIT_KERNEL, launch.split_ctas, launch.cta_slots,
+                            flows[SPLIT_KERNEL].total_bytes, launch.tiles_per_split * tile_s)]
     if launch.num_splits > 1:
-        rows, splits = launch.combine_block_rows, launch.num_splits
-        cta_s = (rows * (2 * splits + 1) / (spec.sfu_ops_per_s / spec.sm_count)
-                 + rows * (4 * splits + 1 + 2 * splits * d) / (spec.fp32_flops_per_s / spec.sm_count))
-        kernels.append(_kernel_time(spec, COMBINE_KERNEL, launch.combine_ctas, combine_cta_slots(spec, splits, d),
-                                    combine_bytes, cta_s))
-    return tuple(kernels)
+        kernels.append(combine_time(spec, launch, d, flows[COMBINE_KERNEL].total_bytes))
+    return DecodePrediction(launch, traffic, tuple(kernels))
+
+
+def combine_time(spec: GPUSpec, launch: DecodeLaunch, d: int, dram_bytes: int) -> KernelTime:
+    """The combine kernel's time (`_kernel_time`), given the DRAM bytes it moves: each CTA's rows merge
+    every split's partial (exponentials on the SFUs, the weighted sums in FP32)."""
+    rows, splits = launch.combine_block_rows, launch.num_splits
+    cta_s = (rows * (2 * splits + 1) / (spec.sfu_ops_per_s / spec.sm_count)
+             + rows * (4 * splits + 1 + 2 * splits * d) / (spec.fp32_flops_per_s / spec.sm_count))
+    return _kernel_time(spec, COMBINE_KERNEL, launch.combine_ctas, combine_cta_slots(spec, splits, d), dram_bytes,
+                        cta_s)
 
 
 def combine_cta_slots(spec: GPUSpec, num_splits: int, d: int) -> int:

@@ -39,7 +39,7 @@ from simflash.chip import KernelProfile, kernel_profile, l2_cache, resident_ctas
 from simflash.config import STATE_DTYPE, GPUSpec, check_bool, gpu_spec, storage_dtype
 from simflash.grid import CTA, Access, CTAProgram, kv_head, run_programs
 from simflash.l2 import L2, L2Flow
-from simflash.model.decode import SPLIT_BLOCK_Q, decode_launch, kernel_times, num_splits_heuristic
+from simflash.model.decode import SPLIT_BLOCK_Q, combine_time, decode_launch, num_splits_heuristic
 from simflash.model.physical import (CACHE_MODES, LAUNCH_SECONDS, KernelPrediction, _flash_seconds,
                                      _flash_step_seconds, _prediction, busiest_sm_steps)
 from simflash.model.traffic import head_groups
@@ -201,7 +201,7 @@ def predict_sdpa_split_kv(n: int, n_kv: int, d: int, heads: int, causal: bool, d
     FA-2's KV tile, writing fp32 partials; the combine) are played through the L2 as Flash-Decoding's
     (`predict_decode_dram`). The split kernel is timed as the FA-2 kernel is (the busiest SM's KV tiles
     over the lock-step schedule, at 64 query rows a tile; its DRAM and L2 terms), the combine by the
-    decode model (`simflash.model.decode.kernel_times`). Returns the kernels and a note saying so, or
+    decode model (`simflash.model.decode.combine_time`). Returns the kernels and a note saying so, or
     None where FA-2 runs one split (the plain kernel)."""
     launch = decode_launch(n_kv, d, heads=heads, n_q=n, pack_gqa=False, dtype=dtype, gpu=spec)
     if launch.num_splits == 1:
@@ -211,11 +211,11 @@ def predict_sdpa_split_kv(n: int, n_kv: int, d: int, heads: int, causal: bool, d
         causal=causal, dtype=dtype, gpu=spec, cache=cache, split_profile=kernel_profile("sdpa_flash")).kernels
     step_s = _flash_step_seconds(spec, "sdpa_flash", SPLIT_BLOCK_Q, launch.block_kv, d)
     split_terms = _flash_seconds(spec, split.flow, split.busiest_sm_steps * step_s)
-    combine_time = kernel_times(spec, launch, d, 0, combine.flow.dram_read_bytes + combine.flow.dram_write_bytes)[1]
+    merge = combine_time(spec, launch, d, combine.flow.dram_read_bytes + combine.flow.dram_write_bytes)
     kernels = (
         _prediction(split.kernel, split.flow, split_terms, LAUNCH_SECONDS, split.ctas, split.resident_ctas,
                     split.tile_steps, split.makespan_steps, split.busiest_sm_steps),
-        _prediction(combine.kernel, combine.flow, {combine_time.bound: combine_time.time_s - LAUNCH_SECONDS},
+        _prediction(combine.kernel, combine.flow, {"dram": merge.dram_s, "compute": merge.compute_s},
                     LAUNCH_SECONDS, combine.ctas, combine.resident_ctas, combine.tile_steps, combine.makespan_steps,
                     combine.busiest_sm_steps))
     q_tiles = heads * -(-n // SPLIT_BLOCK_Q)
