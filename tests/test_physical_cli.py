@@ -128,7 +128,7 @@ def test_measured_split_kv_ncu_csv_pairs_both_kernels(tmp_path):
     data = json.loads(invoke("--n", "4096", "--kernel", "sdpa_flash", "--measured", str(report), "--json").output)
     assert [k["kernel"] for k in data["kernels"]] == ["flash_decoding_split", "flash_decoding_combine"]
     assert [k["measured_dram_read_bytes"] for k in data["kernels"]] == [3_200_000, 8_470_000]
-    assert "split-KV" in data["notes"][0]
+    assert "split-KV" in data["notes"][0] and data["config"]["num_splits"] == 4
     flash = tmp_path / "flash.csv"
     flash.write_text(ncu_csv([("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128>>", 1, 1, 1),
                               ("void pytorch_flash::flash_fwd_splitkv_combine_kernel<Flash>", 1, 1, 1)]))

@@ -194,15 +194,15 @@ def _play(l2: L2, cache: str, kernel: str, programs: list[CTAProgram], slots: in
 
 
 def predict_sdpa_split_kv(n: int, n_kv: int, d: int, heads: int, causal: bool, dtype: str, spec: GPUSpec,
-                          cache: str) -> tuple[tuple[KernelPrediction, ...], str] | None:
+                          cache: str) -> tuple[tuple[KernelPrediction, ...], int, str] | None:
     """PyTorch's FA-2 forward where its grid is too small to fill the chip: mha_fwd runs it split-KV when
     FA-2's heuristic (`simflash.model.decode.decode_launch`: query tiles of 64 rows against 2 x SMs) picks
     more than one split, as it does below 0.8 x 2 x SMs such tiles. Its two kernels (the split kernel with
     FA-2's KV tile, writing fp32 partials; the combine) are played through the L2 as Flash-Decoding's
     (`predict_decode_dram`). The split kernel is timed as the FA-2 kernel is (the busiest SM's KV tiles
     over the lock-step schedule, at 64 query rows a tile; its DRAM and L2 terms), the combine by the
-    decode model (`simflash.model.decode.combine_time`) at its logical bytes. Returns the kernels and a
-    note saying so, or None where FA-2 runs one split (the plain kernel)."""
+    decode model (`simflash.model.decode.combine_time`) at its logical bytes. Returns the kernels, the
+    split count and a note saying so, or None where FA-2 runs one split (the plain kernel)."""
     launch = decode_launch(n_kv, d, heads=heads, n_q=n, pack_gqa=False, dtype=dtype, gpu=spec)
     if launch.num_splits == 1:
         return None
@@ -225,4 +225,4 @@ def predict_sdpa_split_kv(n: int, n_kv: int, d: int, heads: int, causal: bool, d
             f"{spec.sm_count} SMs): {launch.num_splits} splits of {launch.block_kv}-row KV tiles, flash_fwd_splitkv_kernel "
             f"writing fp32 partial outputs and flash_fwd_splitkv_combine_kernel, predicted as the {SPLIT_KERNEL} and "
             f"{COMBINE_KERNEL} kernels; the combine's time is the decode model's")
-    return kernels, note
+    return kernels, launch.num_splits, note

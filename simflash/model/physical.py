@@ -114,8 +114,8 @@ def predict(
 
         split = predict_sdpa_split_kv(n, n_kv, d, heads, causal, dtype, spec, cache)
         if split is not None:
-            kernels, note = split
-            return PhysicalPrediction(config, kernels, (note,))
+            kernels, num_splits, note = split
+            return PhysicalPrediction({**config, "num_splits": num_splits}, kernels, (note,))
     sched = TileSchedule(n, n_kv, block_q, block_kv, causal=causal, causal_variant=causal_variant)
     fa2 = FLASH_ALGORITHMS["fa2"]
     ctas = fa2.grid(sched, heads, longest_first=profile.longest_first, kv_descending=profile.kv_descending)
