@@ -190,7 +190,8 @@ def _play(l2: L2, cache: str, kernel: str, programs: list[CTAProgram], slots: in
     traffic = l2.traffic()
     by_tensor = {tensor: flow for (name, tensor), flow in traffic.ledger.items() if name == kernel}
     return DecodeKernelDram(kernel, len(programs), slots, len(resident), sum(p.cta.n_steps for p in programs),
-                            busiest_sm_steps(resident, sm_count), traffic.by_kernel[kernel], by_tensor)
+                            busiest_sm_steps([p.cta.n_steps for p in programs], slots, sm_count),
+                            traffic.by_kernel[kernel], by_tensor)
 
 
 def predict_sdpa_split_kv(n: int, n_kv: int, d: int, heads: int, causal: bool, dtype: str, spec: GPUSpec,

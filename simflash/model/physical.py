@@ -8,11 +8,12 @@ A kernel that spills registers also writes some of its stack frame to DRAM (`spi
 which the logical ledger does not see; its DRAM writes include them.
 
 Time, per kernel: the larger of
-- compute: the busiest SM's work over the lock-step schedule. At each time step the resident CTAs
-  spread over the SMs and the busiest holds ceil(resident / SMs) of them, each doing one KV tile
-  (tensor-core FLOPs at the kernel's achieved fraction of peak + exponentials on the special-function
-  units + other FP32 work) while they share it: waves, the causal imbalance between CTAs, and a
-  partial last wave whose CTAs have an SM each are all in it;
+- compute: the busiest SM's work over the lock-step schedule. Each CTA stays on the SM of the slot
+  it starts in (`busiest_sm_steps`), and at each time step the SM holding the most resident CTAs
+  does one KV tile of each (tensor-core FLOPs at the kernel's achieved fraction of peak +
+  exponentials on the special-function units + other FP32 work) while they share it: waves, the
+  causal imbalance between CTAs, two long CTAs sharing an SM to the end, and a partial last wave
+  whose CTAs have an SM each are all in it;
 - DRAM: predicted DRAM bytes over the achieved HBM bandwidth;
 - L2: logical bytes over the L2 bandwidth.
 The naive path's GEMMs and softmax are library-style kernels with their own grids (`naive_seconds`):
@@ -23,7 +24,10 @@ pays a fixed cost per row (one CTA per row). Fitted figures live in the machine 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import attrs
+import numpy as np
 
 from simflash.algorithms import FLASH_ALGORITHMS
 from simflash.algorithms.naive import KERNELS as NAIVE_KERNELS
@@ -130,7 +134,7 @@ def predict(
     own_build = (block_q, block_kv) == profile.tiles(d) and itemsize == 2  # the instantiations the figures are of
     spills = spill_write_bytes(spec, kernel, d, causal, len(ctas), tile_steps) if own_build else 0
     flow = l2.traffic().by_kernel[fa2.kernel] + L2Flow(dram_write_bytes=spills)
-    sm_steps = busiest_sm_steps(resident, spec.sm_count)
+    sm_steps = busiest_sm_steps([cta.n_steps for cta in ctas], slots, spec.sm_count)
     terms = _flash_seconds(spec, flow, sm_steps * _flash_step_seconds(spec, kernel, block_q, block_kv, d))
     kernels = (_prediction(fa2.kernel, flow, terms, LAUNCH_SECONDS, len(ctas), slots, tile_steps, len(resident),
                            sm_steps, spills),)
@@ -169,7 +173,8 @@ def _naive(spec, l2: L2, n, n_kv, d, heads, causal, causal_variant, itemsize, ca
         terms = naive_seconds(spec, kernel, flow, gemm_flops=2 * stored * d, rows=heads * n, exps=stored)
         launch = spec.calibration.get("naive_launch_seconds", LAUNCH_SECONDS)
         predictions.append(_prediction(kernel, flow, terms, launch, heads, slots, sum(cta.n_steps for cta in ctas),
-                                       len(resident), busiest_sm_steps(resident, spec.sm_count)))
+                                       len(resident), busiest_sm_steps([cta.n_steps for cta in ctas], slots,
+                                                                       spec.sm_count)))
     return tuple(predictions)
 
 
@@ -205,10 +210,28 @@ def naive_seconds(spec: GPUSpec, kernel: str, flow: L2Flow, gemm_flops: int, row
             "l2": (flow.read_bytes + flow.write_bytes) / cal.get("gemm_l2_bytes_per_s", spec.l2_bytes_per_s)}
 
 
-def busiest_sm_steps(resident: list[int], sm_count: int) -> int:
-    """One CTA's steps the busiest SM works through: at each time step of the lock-step schedule the
-    resident CTAs spread over the SMs, ceil(resident / SMs) of them on the busiest, taking turns."""
-    return sum(-(-r // sm_count) for r in resident)
+def busiest_sm_steps(n_steps: Sequence[int], slots: int, sm_count: int) -> int:
+    """One CTA's steps the busiest SM works through over the lock-step schedule, CTAs pinned to SMs: the
+    CTAs (their steps, in launch order) fill the slots as the lock-step schedule does, each holding its
+    slot for its steps and its epilogue, a freed slot taking the next CTA; slot i is on SM i mod SMs, so
+    the first wave has a CTA on every SM before any holds two, and a CTA never moves. At each time step
+    the SM holding the most CTAs works through one step of each, taking turns."""
+    remaining = np.zeros(slots, dtype=np.int64)  # time steps each slot's CTA still holds it (0: free)
+    sm = np.arange(slots) % sm_count
+    pending = iter(n_steps)
+    total = 0
+    while True:
+        for slot in np.flatnonzero(remaining == 0):
+            steps = next(pending, None)
+            if steps is None:
+                break
+            remaining[slot] = steps + 1
+        busy = remaining > 0
+        if not busy.any():
+            return total
+        until_one_ends = int(remaining[busy].min())  # the SMs' loads hold until then
+        total += int(np.bincount(sm[busy], minlength=sm_count).max()) * until_one_ends
+        remaining[busy] -= until_one_ends
 
 
 def flash_step_work(spec: GPUSpec, block_q: int, block_kv: int, d: int) -> tuple[float, float]:
