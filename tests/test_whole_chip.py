@@ -407,3 +407,16 @@ def test_pytorch_s_small_grids_are_split_kv_as_ncu_measured():
             assert k.dram_read_bytes == pytest.approx(measured["dram_read_bytes"], rel=0.05)
             assert abs(k.dram_write_bytes - measured["dram_write_bytes"]) <= MiB
     assert split == 5
+
+
+def test_two_long_ctas_that_start_on_one_sm_share_it_to_the_end():
+    """Slots 0..3 on 2 SMs (slot i on SM i mod 2): CTAs of 4, 1, 4 and 1 steps put both long ones on SM 0.
+    Each holds its slot for its steps and its epilogue: 2 time steps with two CTAs on every SM, then 3
+    with both long CTAs on SM 0 (10 CTA-steps on the busiest SM, where spreading them would give 7); a
+    freed slot's next CTA starts on the same SM."""
+    from simflash.model.physical import busiest_sm_steps
+
+    assert busiest_sm_steps([4, 1, 4, 1], slots=4, sm_count=2) == 2 * 2 + 2 * 3
+    assert busiest_sm_steps([4, 4, 1, 1], slots=4, sm_count=2) == 2 * 2 + 1 * 3
+    # one slot an SM: two CTAs of 1 step (2 time steps), then two of 3 (4), then one of 0 (its epilogue)
+    assert busiest_sm_steps([1, 1, 3, 3, 0], slots=2, sm_count=2) == 2 + 4 + 1
