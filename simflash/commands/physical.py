@@ -61,7 +61,8 @@ def physical(
     block_q: Annotated[int | None, typer.Option(help="FA-2 query tile rows B_r (default: the kernel's own).")] = None,
     block_kv: Annotated[int | None, typer.Option(help="FA-2 KV tile rows B_c (default: the kernel's own).")] = None,
     kernel: Annotated[str, typer.Option(help="FA-2 implementation modelled: simflash (our CUDA kernel) or "
-                                             "sdpa_flash (FlashAttention-2 in PyTorch SDPA).")] = "simflash",
+                                             "sdpa_flash (FlashAttention-2 in PyTorch SDPA; a grid too small to "
+                                             "fill the chip runs split-KV: two kernels).")] = "simflash",
     gpu: Annotated[str, typer.Option(help=f"GPU machine file: {', '.join(GPUS)}.")] = DEFAULT_GPU,
     cache: Annotated[str, typer.Option(help="cold (L2 flushed before every kernel, as ncu --cache-control all) "
                                             "or warm (flushed once, before the first).")] = "cold",
