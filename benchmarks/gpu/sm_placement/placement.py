@@ -79,7 +79,19 @@ def summary(result: dict) -> str:
     return (f"{result['order']}: {len(first_wave)} CTAs start within 2 µs of the first, {on_model_sm} of them on SM k mod "
             f"{n_sm} (the model's placement); first-wave CTAs sharing an SM, the first 6: {pairs[:6]}; "
             f"{same} of the {len(later)} later CTAs start on the SM of the CTA that ended last before them; "
-            f"makespan {(max(end) - t0) / 1e3:.1f} µs")
+            f"makespan {(max(end) - t0) / 1e3:.1f} µs, the model's {model_makespan(result) / 1e3:.1f}")
+
+
+def model_makespan(result: dict) -> float:
+    """The compute term's makespan for these CTAs (ns): a CTA of u units holds its slot u lock-step time
+    steps, the busiest SM's steps (`busiest_sm_steps`, 264 slots) at the time two CTAs sharing an SM
+    take for one unit, the median over the 20 shortest first-wave CTAs' duration per unit."""
+    from simflash.model.physical import busiest_sm_steps
+
+    units, start, end = result["units"], result["start_ns"], result["end_ns"]
+    shortest = sorted(range(len(units)), key=units.__getitem__)[:20]
+    per_unit = sorted((end[k] - start[k]) / units[k] for k in shortest)[10]  # two CTAs on the SM: 2 units' time
+    return busiest_sm_steps([u - 1 for u in units], 2 * result["sm_count"], result["sm_count"]) * per_unit / 2
 
 
 def main(out: Path) -> None:
