@@ -100,9 +100,9 @@ def compare(measurement: dict, gpu: GPUSpec | str = "H200", times: dict | None =
         algorithm = "naive" if c["algorithm"] == "naive" else "fa2"
         prediction = predict(algorithm, c["n"], c["d"], heads=c["heads"], causal=c["causal"], gpu=gpu, cache=cache,
                              kernel=KERNEL_OF[c["algorithm"]])
+        one_kernel = algorithm == "fa2" and len(entry["kernels"]) == 1  # the group's time is the kernel's
         for row in entry["kernels"]:
             kernel = prediction.kernel(row["kernel"])
-            one_kernel = algorithm == "fa2" and len(entry["kernels"]) == 1  # the group's time is the kernel's
             measured_time = timed.get(json.dumps(c, sort_keys=True), row["time_s"]) if one_kernel else row["time_s"]
             yield Comparison(
                 index, _subset(sweep, index), cache, c["algorithm"], c, row["kernel"],

@@ -55,11 +55,13 @@ def naive(spec, l2, n, n_kv, d, heads, causal, causal_variant, itemsize, cache):
             l2.flush(residue=cache == "cold")
         l2.kernel = kernel
         slots = spec.sm_count if kernel == "gemm_pv" else 1
-        resident = run_programs(programs(kernel, sched, heads, d, itemsize), slots, l2)
+        kernel_programs = programs(kernel, sched, heads, d, itemsize)
+        resident = run_programs(kernel_programs, slots, l2)
         l2.end_kernel()
         flow = l2.traffic().by_kernel[kernel]
         terms = naive_seconds(spec, kernel, flow, gemm_flops=2 * stored * d, rows=heads * n, exps=stored)
         launch = spec.calibration.get("naive_launch_seconds", LAUNCH_SECONDS)
         predictions.append(_prediction(kernel, flow, terms, launch, heads, slots, 0, len(resident),
-                                       busiest_sm_steps(resident, spec.sm_count)))
+                                       busiest_sm_steps([p.cta.n_steps for p in kernel_programs], slots,
+                                                        spec.sm_count)))
     return tuple(predictions)

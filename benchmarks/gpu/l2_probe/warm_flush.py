@@ -6,9 +6,11 @@ same reduction runs, and a read-only kernel streams 256 MiB: any DRAM write it s
 flush left. Application replay, no cache control, as the warm sweeps are measured.
 
     python benchmarks/gpu/l2_probe/warm_flush.py OUT_DIR     # runs ncu over itself: warm_flush.json, warm_flush_ncu.csv
+    python benchmarks/gpu/l2_probe/warm_flush.py --show benchmarks/gpu/l2_probe/warm_flush.json
 """
 
 import json
+import sys
 from pathlib import Path
 
 from probe import BLOCK, GRID, MiB, SOURCE, chunks, profile, run
@@ -33,6 +35,10 @@ def target() -> None:
     cupy.cuda.Device().synchronize()
 
 
+def mib(kernels: list[dict], metric: str) -> float:
+    return sum(k["metrics"].get(metric, 0.0) for k in kernels) / MiB
+
+
 def main(out: Path) -> None:
     from simflash.backends.profile import parse_ncu_csv
 
@@ -45,21 +51,24 @@ def main(out: Path) -> None:
     for case, (start, end) in enumerate(zip(starts, [*starts[1:], len(kernels)])):
         group = kernels[start:end]
         written, flush, streamed = group[0], group[1:-1], group[-1]
-
-        def mib(kernel_list, metric):
-            return sum(k["metrics"].get(metric, 0.0) for k in kernel_list) / MiB
-
         rows.append({"x_mib": WRITTEN[case % len(WRITTEN)], "repeat": case // len(WRITTEN),
                      "write_kernel_dram_write_mib": mib([written], "dram__bytes_write.sum"),
                      "flush_dram_write_mib": mib(flush, "dram__bytes_write.sum"),
                      "flush_kernels": [k["name"][:60] for k in flush],
                      "read_dram_read_mib": mib([streamed], "dram__bytes_read.sum"),
                      "read_dram_write_mib": mib([streamed], "dram__bytes_write.sum")})
-        r = rows[-1]
+    (out / "warm_flush.json").write_text(json.dumps({"command": command, "rows": rows}, indent=1))
+    show(rows)
+
+
+def show(rows: list[dict]) -> None:
+    for r in rows:
         print(f"X = {r['x_mib']:3d} MiB (repeat {r['repeat']}): written back while writing {r['write_kernel_dram_write_mib']:6.2f},"
               f" by the flush {r['flush_dram_write_mib']:6.2f}, by the 256 MiB read after it {r['read_dram_write_mib']:5.2f} MiB")
-    (out / "warm_flush.json").write_text(json.dumps({"command": command, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":
-    run(target, main)
+    if sys.argv[1] == "--show":
+        show(json.loads(Path(sys.argv[2]).read_text())["rows"])
+    else:
+        run(target, main)

@@ -20,7 +20,10 @@ import sys
 from pathlib import Path
 
 from simflash.backends import write_sources
+from simflash.chip import kernel_profile
 from simflash.config import MiB
+from simflash.model.calibration import KERNEL_OF
+from simflash.model.traffic import flash_traffic
 
 
 def _config(algorithm: str, n: int, heads: int, d: int, causal: bool) -> dict:
@@ -49,13 +52,12 @@ METRICS = {
 
 
 def kv_rereads(config: dict) -> int:
-    """Bytes of K and V the CTAs read beyond the first read of each tile (the kernel's own KV tiles)."""
+    """Bytes of K and V the CTAs read beyond the first read of each tile: the FA-2 ledger's reads at the
+    kernel's own tiles, less the compulsory Q, K and V."""
     n, d, heads = config["n"], config["d"], config["heads"]
-    block_q, block_kv = 128, 128 if (config["algorithm"] == "sdpa_flash" and d == 64) else 64
-    tile = 2 * block_kv * d * 2
-    per_head = sum(((i + 1) * block_q + block_kv - 1) // block_kv if config["causal"] else -(-n // block_kv)
-                   for i in range(n // block_q))
-    return (per_head - n // block_kv) * tile * heads
+    block_q, block_kv = kernel_profile(KERNEL_OF[config["algorithm"]]).tiles(d)
+    logical = flash_traffic(n, d, block_q, block_kv, causal=config["causal"], heads=heads).read_bytes
+    return logical - 3 * n * d * 2 * heads
 
 
 def show(result: dict) -> None:
