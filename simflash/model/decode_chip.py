@@ -212,8 +212,8 @@ def predict_sdpa_split_kv(n: int, n_kv: int, d: int, heads: int, causal: bool, d
         causal=causal, dtype=dtype, gpu=spec, cache=cache, split_profile=kernel_profile("sdpa_flash")).kernels
     step_s = _flash_step_seconds(spec, "sdpa_flash", SPLIT_BLOCK_Q, launch.block_kv, d)
     split_terms = _flash_seconds(spec, split.flow, split.busiest_sm_steps * step_s)
-    # the combine's loads are latency-bound, as slow from the L2 as from DRAM (the splitkv sweep: 13.8 µs warm,
-    # 13.9 cold at N = 12,288, one head, d = 128): timed at its logical bytes
+    # the combine's loads are latency-bound, little faster from the L2 than from DRAM (the splitkv sweep: 13.8 µs
+    # warm, its partials all hits, 17.0 cold at N = 12,288, one head, d = 128): timed at its logical bytes
     merge = combine_time(spec, launch, d, combine.flow.read_bytes + combine.flow.write_bytes)
     kernels = (
         _prediction(split.kernel, split.flow, split_terms, LAUNCH_SECONDS, split.ctas, split.resident_ctas,
