@@ -33,25 +33,34 @@ PROBE_BLOCK = 256 * 1024
 
 @attrs.define
 class L2Variant(L2Cache):
-    """L2Cache with five switches: dirty bytes capped at `dirty_limit` (beyond it the least recently used
+    """L2Cache with six switches: dirty bytes capped at `dirty_limit` (beyond it the least recently used
     dirty blocks are written back and stay, clean); dirty blocks holding `dirty_weight` of their size; the
     cold flush's residue as dirty blocks at the least-recently-used end (in place of the ramp); a read of a
     dirty block leaving its place in the order unchanged; `shared_rereads`: a clean block read again, by any
     CTA at any step, holding the cohort weight (data several SMs read) rather than only when a cohort reads it
-    in one step."""
+    in one step; `reread_floor`: once the cache has evicted, that share of a clean block's hit by one CTA (a
+    re-read) misses, as if the replacement sometimes picked live lines (SDPA's causal floor, floor.py)."""
 
     dirty_limit: float = float("inf")
     dirty_weight: float = 1.0
     residue_blocks: bool = False
     dirty_read_keeps_place: bool = False
     shared_rereads: bool = False
+    reread_floor: float = 0.0
+    _evicting: bool = False
     _dirty: OrderedDict = attrs.field(factory=OrderedDict)  # dirty keys, least recently used first
     _dirty_bytes: int = 0
 
     def read(self, key, nbytes, count=1):
         block = self._blocks.get(key)
         if block is None or not (block[1] or self.shared_rereads):
+            flow = self._flow(key[0])
+            hits = flow[0]
             super().read(key, nbytes, count)
+            if block is not None and count == 1 and self._evicting and self.reread_floor:
+                missed = round(nbytes * self.reread_floor)
+                flow[0] = hits + nbytes - missed
+                flow[1] += missed
             return
         if not block[1]:  # a clean block read again: data several SMs read
             self._resident_cost += nbytes * self.cohort_weight - block[2]
@@ -87,6 +96,7 @@ class L2Variant(L2Cache):
 
     def flush(self, residue=False):
         super().flush(residue and not self.residue_blocks)
+        self._evicting = False
         self._dirty.clear()
         self._dirty_bytes = 0
         if residue and self.residue_blocks:
@@ -111,6 +121,7 @@ class L2Variant(L2Cache):
 
     def _evict(self):
         while self._resident_cost > self.capacity_bytes and self._blocks:
+            self._evicting = True
             key, (nbytes, dirty, cost) = self._blocks.popitem(last=False)
             self._resident_cost -= cost
             if dirty:
@@ -137,6 +148,7 @@ VARIANTS = {
     "probe-shared-pv-tiles": dict(capacities=(38, 44, 50, 56), read_fill_weight=1.0, cohort_weight=1.6,
                                   dirty_limit=28.2, residue_blocks=True, shared_rereads=True, pv_tiles=True),
     "current-pv-tiles": dict(pv_tiles=True),
+    "reread-floor": dict(reread_floor=0.013),
 }
 
 
