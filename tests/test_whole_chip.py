@@ -362,6 +362,16 @@ def test_spill_write_figures_come_out_of_their_fit():
     assert other_tiles.kernels[0].spill_write_bytes == 0 and "its own tiles (128x64)" in other_tiles.notes[0]
 
 
+def test_sdpa_s_causal_grids_of_several_waves_carry_the_diagonal_reuse_note():
+    several_waves = predict("fa2", 4096, 128, heads=32, causal=True, kernel="sdpa_flash")  # 1024 CTAs, 264 slots
+    assert several_waves.kernels[0].ctas > several_waves.kernels[0].resident_ctas
+    assert any("from its diagonal down" in note for note in several_waves.notes)
+    one_wave = predict("fa2", 4096, 128, heads=4, causal=True, kernel="sdpa_flash")  # 128 CTAs
+    assert one_wave.kernels[0].ctas <= one_wave.kernels[0].resident_ctas and one_wave.notes == ()
+    assert predict("fa2", 4096, 128, heads=32, kernel="sdpa_flash").notes == ()  # no mask: cohorts share each read
+    assert predict("fa2", 4096, 128, heads=32, causal=True).notes == ()  # simflash's kernel walks from the first tile
+
+
 def test_the_pv_gemm_writes_o_a_wave_at_a_time():
     """N = 1024, d = 128, fp16: rows of S stream in blocks of 128. With waves of 512 rows of O, the P V
     GEMM's CTA reads P block by block and writes O's four blocks of a wave at its last block (steps 3 and

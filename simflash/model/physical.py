@@ -138,7 +138,21 @@ def predict(
     terms = _flash_seconds(spec, flow, sm_steps * _flash_step_seconds(spec, kernel, block_q, block_kv, d))
     kernels = (_prediction(fa2.kernel, flow, terms, LAUNCH_SECONDS, len(ctas), slots, tile_steps, len(resident),
                            sm_steps, spills),)
-    return PhysicalPrediction(config, kernels, _spill_notes(spec, profile, d, causal, own_build))
+    notes = _spill_notes(spec, profile, d, causal, own_build) + _diagonal_notes(profile, causal, len(ctas), slots)
+    return PhysicalPrediction(config, kernels, notes)
+
+
+def _diagonal_notes(profile: KernelProfile, causal: bool, ctas: int, slots: int) -> tuple[str, ...]:
+    """Where a causal kernel that walks each CTA's KV tiles from its diagonal down runs in several waves, a
+    note that its DRAM reads are the model's least reliable (docs/physical.md, "Where it is wrong")."""
+    if not (profile.kv_descending and causal and ctas > slots):
+        return ()
+    return (f"{profile.name} with the mask walks each CTA's K and V tiles from its diagonal down, so a tile is "
+            "read again by one CTA after another, never by a cohort at once; the real L2 keeps such reuse by "
+            "a share that falls with the distance and with the heads before, which the model's "
+            "least-recently-used caches do not describe: over several waves its DRAM reads are the model's "
+            "least reliable (at d = 128, off by up to a few times on the sweeps; docs/physical.md, "
+            "\"Where it is wrong\")",)
 
 
 def _spill_notes(spec: GPUSpec, profile: KernelProfile, d: int, causal: bool, own_build: bool) -> tuple[str, ...]:
