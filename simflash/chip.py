@@ -13,7 +13,7 @@ import attrs
 
 from simflash.algorithms.naive import GEMM_TILE_ROWS
 from simflash.config import GPUSpec
-from simflash.l2 import L2, L2Cache, L2Mixture
+from simflash.l2 import L2, L2Cache, L2Mixture, L2Sets
 from simflash.occupancy import occupancy
 
 
@@ -70,15 +70,19 @@ def gemm_pv_wave_rows(gpu: GPUSpec) -> int:
 
 def l2_cache(gpu: GPUSpec) -> L2:
     """The L2 one kernel's stream sees: the fitted effective capacity, read-fill and cohort weights, flush residue
-    where the machine file has them, the nameplate size (plain LRU) otherwise; with a capacity spread,
-    an equal mixture of LRU caches that much smaller and larger than the effective capacity."""
+    where the machine file has them, the nameplate size (plain LRU) otherwise; divided into hashed sets where
+    the machine file gives a set count (each set an LRU of its share, the flush residue shared alike), or an
+    equal mixture of LRU caches a capacity spread smaller and larger than the effective one."""
     capacity = gpu.calibration.get("l2_effective_bytes", gpu.l2_bytes)
     spread = gpu.calibration.get("l2_capacity_spread_bytes", 0.0)
+    sets = int(gpu.calibration.get("l2_sets", 1))
 
     def lru(size: float) -> L2Cache:
         return L2Cache(size, gpu.calibration.get("l2_read_fill_weight", 1.0),
-                       int(gpu.calibration.get("l2_flush_residue_bytes", 0)),
-                       gpu.calibration.get("l2_residue_ramp_bytes", 0.0),
+                       int(gpu.calibration.get("l2_flush_residue_bytes", 0)) // sets,
+                       gpu.calibration.get("l2_residue_ramp_bytes", 0.0) / sets,
                        gpu.calibration.get("l2_cohort_weight", 1.0))
 
+    if sets > 1:
+        return L2Sets(tuple(lru(capacity / sets) for _ in range(sets)), int(gpu.calibration["l2_stripe_bytes"]))
     return L2Mixture((lru(capacity - spread), lru(capacity + spread))) if spread else lru(capacity)

@@ -21,14 +21,18 @@ leaves them dirty beside the kernel's data: once the bytes the kernel has brough
 beside them, they are written back in proportion over the next `residue_ramp_bytes` (all at once where
 that is 0), under the tensor name RESIDUE, counted against the kernel.
 
-`L2Mixture` runs several such caches side by side, of capacities either side of the effective one,
-and reports their mean: reuse at a distance between them is kept in part, not all or nothing.
+`L2Sets` divides the capacity into hashed sets, each such a cache holding its share: a block is spread
+over the sets in stripes (as a tile's lines are over the real L2's sets) and each stripe is replaced
+within its set, so reuse at a distance near the capacity is kept in the sets that happen to hold less,
+a share that falls gradually with the distance instead of all or nothing. `L2Mixture` runs several
+caches side by side, of capacities either side of the effective one, and reports their mean.
 """
 
 from __future__ import annotations
 
+import zlib
 from collections import OrderedDict
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Iterator, Mapping
 
 import attrs
 
@@ -182,18 +186,10 @@ class L2Cache:
 
 
 @attrs.define
-class L2Mixture:
-    """The L2 as an equal mixture of LRU caches of different capacities, each seeing every transfer; its
-    DRAM bytes are their mean. One effective capacity makes reuse all or nothing: data reused at a
-    distance just under it always hits, just over it always misses. The real L2 (hashed sets, two
-    partitions, CTAs that drift) keeps a share of it; averaging caches a little smaller and a little
-    larger than the centre gives that share (half, for data reused between the two)."""
+class _CacheGroup:
+    """Several LRU caches that together are one L2: the kernel name, the end of a kernel and the flush go to all."""
 
     caches: tuple[L2Cache, ...]
-
-    @property
-    def capacity_bytes(self) -> float:
-        return sum(c.capacity_bytes for c in self.caches) / len(self.caches)
 
     @property
     def kernel(self) -> str | None:
@@ -204,14 +200,6 @@ class L2Mixture:
         for cache in self.caches:
             cache.kernel = name
 
-    def read(self, key: BlockKey, nbytes: int, count: int = 1) -> None:
-        for cache in self.caches:
-            cache.read(key, nbytes, count)
-
-    def write(self, key: BlockKey, nbytes: int) -> None:
-        for cache in self.caches:
-            cache.write(key, nbytes)
-
     def end_kernel(self) -> None:
         for cache in self.caches:
             cache.end_kernel()
@@ -219,6 +207,27 @@ class L2Mixture:
     def flush(self, residue: bool = False) -> None:
         for cache in self.caches:
             cache.flush(residue)
+
+
+@attrs.define
+class L2Mixture(_CacheGroup):
+    """The L2 as an equal mixture of LRU caches of different capacities, each seeing every transfer; its
+    DRAM bytes are their mean. One effective capacity makes reuse all or nothing: data reused at a
+    distance just under it always hits, just over it always misses. The real L2 (hashed sets, two
+    partitions, CTAs that drift) keeps a share of it; averaging caches a little smaller and a little
+    larger than the centre gives that share (half, for data reused between the two)."""
+
+    @property
+    def capacity_bytes(self) -> float:
+        return sum(c.capacity_bytes for c in self.caches) / len(self.caches)
+
+    def read(self, key: BlockKey, nbytes: int, count: int = 1) -> None:
+        for cache in self.caches:
+            cache.read(key, nbytes, count)
+
+    def write(self, key: BlockKey, nbytes: int) -> None:
+        for cache in self.caches:
+            cache.write(key, nbytes)
 
     def traffic(self) -> PhysicalTraffic:
         """The caches' mean flows (bytes floored); the logical bytes are every cache's, so hits are the
@@ -235,4 +244,45 @@ class L2Mixture:
         return PhysicalTraffic(mean)
 
 
-L2 = L2Cache | L2Mixture  # what the grid runner, the HBM and the models pass transfers to
+@attrs.define
+class L2Sets(_CacheGroup):
+    """The L2 as hashed sets: `sets` caches of an equal share of the capacity. A block is cut into stripes of at
+    most `stripe_bytes`, each placed in a set by a hash of its key (CRC-32: the same on every run), and
+    replaced there; the flows are the sets' sums. One capacity whose sets fill unevenly: data reused at a
+    distance near the capacity survives in the sets that happen to hold less."""
+
+    stripe_bytes: int
+    _set_of: dict[BlockKey, L2Cache] = attrs.field(factory=dict)
+
+    @property
+    def capacity_bytes(self) -> float:
+        return sum(c.capacity_bytes for c in self.caches)
+
+    def read(self, key: BlockKey, nbytes: int, count: int = 1) -> None:
+        for cache, stripe, size in self._stripes(key, nbytes):
+            cache.read(stripe, size, count)
+
+    def write(self, key: BlockKey, nbytes: int) -> None:
+        for cache, stripe, size in self._stripes(key, nbytes):
+            cache.write(stripe, size)
+
+    def traffic(self) -> PhysicalTraffic:
+        total: dict[tuple[str, str], L2Flow] = {}
+        for cache in self.caches:
+            for key, flow in cache.traffic().ledger.items():
+                total[key] = total.get(key, L2Flow()) + flow
+        return PhysicalTraffic(total)
+
+    def _stripes(self, key: BlockKey, nbytes: int) -> Iterator[tuple[L2Cache, BlockKey, int]]:
+        """(set, stripe key, bytes) of each stripe of a block: the stripe key extends the block's, so its
+        first element still names the tensor."""
+        count = -(-nbytes // self.stripe_bytes)
+        for i in range(count):
+            stripe = (*key, i)
+            cache = self._set_of.get(stripe)
+            if cache is None:
+                cache = self._set_of[stripe] = self.caches[zlib.crc32(repr(stripe).encode()) % len(self.caches)]
+            yield cache, stripe, nbytes // count + (i < nbytes % count)
+
+
+L2 = L2Cache | L2Mixture | L2Sets  # what the grid runner, the HBM and the models pass transfers to

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 import simflash as sf
 from simflash.config import MiB
-from simflash.l2 import RESIDUE, L2Cache, L2Flow, L2Mixture
+from simflash.l2 import RESIDUE, L2Cache, L2Flow, L2Mixture, L2Sets
 from simflash.model.physical import predict
 
 
@@ -70,6 +70,37 @@ def test_a_mixture_keeps_data_reused_between_its_capacities_half_the_time():
     assert flows["k", "K"].hit_bytes == 200 - 150
     assert flows["k", RESIDUE].dram_write_bytes == 6 // 2  # the 90-byte cache evicted it, the 110-byte one did not
     assert mixture.capacity_bytes == 100
+
+
+def test_hashed_sets_keep_part_of_a_reuse_one_lru_of_their_capacity_loses_whole():
+    """A buffer 10% larger than the cache, read twice in the same order: one LRU cache of the whole capacity
+    misses every block of the second pass; the same capacity as 16 hashed sets keeps the blocks of the sets
+    that happen to hold fewer. Blocks larger than a stripe are spread over several sets, bytes conserved."""
+
+    def second_pass_misses(l2) -> int:
+        l2.flush()
+        l2.kernel = "k"
+        for _ in range(2):
+            for block in range(1100):
+                l2.read(("K", 0, block), 10)
+        l2.end_kernel()
+        return l2.traffic().ledger["k", "K"].dram_read_bytes - 11000
+
+    def sets() -> L2Sets:
+        return L2Sets(tuple(L2Cache(10000 / 16) for _ in range(16)), stripe_bytes=10)
+
+    assert sets().capacity_bytes == 10000
+    assert second_pass_misses(L2Cache(10000)) == 11000
+    kept_in_part = second_pass_misses(sets())
+    assert 0 < kept_in_part < 11000
+    assert second_pass_misses(sets()) == kept_in_part  # the hash is the same on every run
+    wide = L2Sets(tuple(L2Cache(1000) for _ in range(4)), stripe_bytes=16)
+    wide.flush()
+    wide.kernel = "k"
+    wide.write(("O", 0, 0), 100)  # 7 stripes: 6 of 14 bytes, one of 16
+    wide.end_kernel()
+    assert wide.traffic().ledger["k", "O"].write_bytes == 100
+    assert sum(len(c._blocks) for c in wide.caches) == 7
 
 
 def test_a_cold_flush_leaves_its_residue_for_the_next_kernel_to_write_back():

@@ -1,7 +1,7 @@
 """Variants of the L2 model (simflash.l2), tried against the probe (probe.json) and the whole-chip sweeps,
 none of them kept: the scores docs/physical.md quotes for them.
 
-    python benchmarks/gpu/l2_probe/variants.py [VARIANT ...] [--sweeps] [--sdpa] [--probe-rows]
+    python benchmarks/gpu/l2_probe/variants.py [VARIANT ...] [--sweeps] [--sdpa] [--probe-rows] [--heads]
 
 Per variant: the probe's kernel rows predicted (DRAM bytes read and written, within 10% / 1 MiB, and the
 absolute error in MiB), and the calibration sweep's fit rows within 10% / 1 MiB (naive and simflash's
@@ -9,12 +9,14 @@ FA-2 kernel, reads and writes, cold and warm: 256 in all), as the model's own fi
 --sweeps, every other sweep's rows too (run only after a variant has been judged on the fit rows); with
 --sdpa, PyTorch SDPA's FA-2 rows beside them; with --probe-rows, each probe kernel's DRAM MiB read and
 written, predicted / measured. A variant with `pv_tiles` also plays the naive path's P V GEMM as
-pv_tiles.py lays it out.
+pv_tiles.py lays it out. With --heads, the heads probe's causal grids at d = 128 (sdpa_kv_order/heads.json):
+DRAM MiB read beyond Q + K + V per head, predicted / measured.
 """
 
 import json
 import sys
 from collections import OrderedDict
+from multiprocessing import Pool
 from pathlib import Path
 
 import attrs
@@ -22,8 +24,8 @@ import attrs
 import pv_tiles
 import simflash.model.physical as physical
 from simflash.config import MiB, gpu_spec
-from simflash.l2 import RESIDUE, L2Cache, L2Mixture
-from simflash.model.calibration import REGIME_SWEEPS, compare, load
+from simflash.l2 import RESIDUE, L2Cache, L2Mixture, L2Sets
+from simflash.model.calibration import KERNEL_OF, REGIME_SWEEPS, compare, load
 
 HERE = Path(__file__).resolve().parent
 SWEEP_FOLDER = HERE.parent
@@ -129,26 +131,33 @@ class L2Variant(L2Cache):
                 self._forget_dirty(key)
 
 
-# The machine file's model, then each variant's changes to it (capacities in MiB).
+# The machine file's model (hashed sets), then each variant's changes to it (capacities in MiB: one with `sets`,
+# hashed sets of it; several without, the mixture of them the model used before its sets, as "mixture").
+MIXTURE = (26.0, 31.0)  # the capacities (MiB) the model averaged before its sets, under which the variants naming it were judged
 VARIANTS = {
     "current": {},
+    "mixture": dict(capacities=MIXTURE),
     "probe": dict(capacities=(38, 44, 50, 56), read_fill_weight=1.0, cohort_weight=1.6, dirty_limit=28.2,
                   residue_blocks=True),
     "cap-on-fitted": dict(capacities=(27.5, 32.5), read_fill_weight=0.65, cohort_weight=1.0, dirty_weight=0.65,
                           dirty_limit=28.2, residue_blocks=True),
-    "dirty-read-keeps-place": dict(dirty_read_keeps_place=True),
-    "dirty-weight-0.7": dict(dirty_weight=0.7),
-    "dirty-weight-0.9": dict(dirty_weight=0.9),
-    "dirty-cap-14": dict(dirty_limit=14.0),
-    "dirty-cap-20": dict(dirty_limit=20.0),
+    "dirty-read-keeps-place": dict(capacities=MIXTURE, dirty_read_keeps_place=True),
+    "dirty-weight-0.7": dict(capacities=MIXTURE, dirty_weight=0.7),
+    "dirty-weight-0.9": dict(capacities=MIXTURE, dirty_weight=0.9),
+    "dirty-cap-14": dict(capacities=MIXTURE, dirty_limit=14.0),
+    "dirty-cap-20": dict(capacities=MIXTURE, dirty_limit=20.0),
     "mixture-3": dict(capacities=(23.5, 28.5, 33.5)),
     "mixture-5": dict(capacities=(26, 28.5, 31, 33.5, 36)),
     "probe-shared": dict(capacities=(38, 44, 50, 56), read_fill_weight=1.0, cohort_weight=1.6, dirty_limit=28.2,
                          residue_blocks=True, shared_rereads=True),
     "probe-shared-pv-tiles": dict(capacities=(38, 44, 50, 56), read_fill_weight=1.0, cohort_weight=1.6,
                                   dirty_limit=28.2, residue_blocks=True, shared_rereads=True, pv_tiles=True),
-    "current-pv-tiles": dict(pv_tiles=True),
-    "reread-floor": dict(reread_floor=0.013),
+    "current-pv-tiles": dict(capacities=MIXTURE, pv_tiles=True),
+    "reread-floor": dict(capacities=MIXTURE, reread_floor=0.013),
+    "sets-28.5-57": dict(capacities=(28.5,), sets=57, stripe_kib=16),
+    "sets-32-114": dict(capacities=(32,), sets=114, stripe_kib=16),
+    "sets-28.5-114": dict(capacities=(28.5,), sets=114, stripe_kib=16),
+    "sets-30-57": dict(capacities=(30,), sets=57, stripe_kib=16),
 }
 
 
@@ -157,13 +166,18 @@ def l2_of(variant: dict):
 
     def make(gpu):
         cal = gpu.calibration
-        centre, spread = cal["l2_effective_bytes"] / MiB, cal["l2_capacity_spread_bytes"] / MiB
         options = {"read_fill_weight": cal["l2_read_fill_weight"], "flush_residue_bytes": int(cal["l2_flush_residue_bytes"]),
                    "residue_ramp_bytes": cal["l2_residue_ramp_bytes"], "cohort_weight": cal["l2_cohort_weight"],
-                   **{k: v for k, v in variant.items() if k not in ("capacities", "pv_tiles")}}
+                   **{k: v for k, v in variant.items() if k not in ("capacities", "pv_tiles", "sets", "stripe_kib")}}
         options["dirty_limit"] = options.get("dirty_limit", float("inf")) * MiB
-        capacities = variant.get("capacities", (centre - spread, centre + spread))
-        return L2Mixture(tuple(L2Variant(c * MiB, **options) for c in capacities))
+        if "capacities" in variant and "sets" not in variant:
+            return L2Mixture(tuple(L2Variant(c * MiB, **options) for c in variant["capacities"]))
+        (capacity,) = variant.get("capacities", (cal["l2_effective_bytes"] / MiB,))
+        sets = variant.get("sets", int(cal["l2_sets"]))
+        stripe_bytes = variant["stripe_kib"] * 1024 if "stripe_kib" in variant else int(cal["l2_stripe_bytes"])
+        options["flush_residue_bytes"] //= sets
+        options["residue_ramp_bytes"] /= sets
+        return L2Sets(tuple(L2Variant(capacity * MiB / sets, **options) for _ in range(sets)), stripe_bytes)
 
     return make
 
@@ -201,12 +215,13 @@ def probe_rows(variant: dict, show_rows: bool = False) -> tuple[int, int, float]
     return ok, total, error
 
 
-def sweep_rows(sweep: str, subset: str | None = None, sdpa: bool = False) -> dict[tuple[str, str, str], list[int]]:
+def sweep_rows(sweep: str, subset: str | None = None, sdpa: bool = False, modes: tuple[str, ...] = ("cold", "warm")
+               ) -> dict[tuple[str, str, str], list[int]]:
     """{(implementation, cache, reads | writes): [rows within 10% / 1 MiB, rows]} of a sweep's naive and FA-2
     rows (and SDPA's, with `sdpa`)."""
     counts: dict[tuple[str, str, str], list[int]] = {}
     implementations = ("naive", "fa2", "sdpa_flash") if sdpa else ("naive", "fa2")
-    for mode in ("cold", "warm"):
+    for mode in modes:
         for c in compare(load(SWEEP_FOLDER / f"{sweep}_{mode}.json"), implementations=implementations, sweep=sweep):
             if subset is not None and c.subset != subset:
                 continue
@@ -224,7 +239,7 @@ def show(counts: dict[tuple[str, str, str], list[int]]) -> str:
     return f"{within} of {rows}  ({cells})"
 
 
-def main(names: list[str], sweeps: bool, sdpa: bool, show_rows: bool) -> None:
+def main(names: list[str], sweeps: bool, sdpa: bool, show_rows: bool, heads: bool = False) -> None:
     model_naive = physical._naive
     for name in names or list(VARIANTS):
         variant = VARIANTS[name]
@@ -232,19 +247,38 @@ def main(names: list[str], sweeps: bool, sdpa: bool, show_rows: bool) -> None:
         physical._naive = pv_tiles.naive if variant.get("pv_tiles") else model_naive
         ok, total, error = probe_rows(variant, show_rows)
         print(f"{name}: probe {ok} of {total} within, {error:.0f} MiB off in all", flush=True)
-        tables = [sweep_rows("calibration", "fit", sdpa)]
-        print(f"  calibration fit: {show(tables[0])}", flush=True)
+        if heads:
+            print(f"  heads probe (MiB a head beyond Q + K + V, predicted / measured): {heads_rows()}", flush=True)
+        parts = [("calibration fit", "calibration", "fit")]
+        if sweeps:
+            parts += [("calibration held-out", "calibration", "held-out")] + [(s, s, None) for s in REGIME_SWEEPS[1:]]
+        with Pool(2) as pool:  # each sweep's cold and warm rows side by side (the workers inherit the variant)
+            halves = pool.starmap(sweep_rows, [(sweep, subset, sdpa, (mode,)) for _, sweep, subset in parts
+                                               for mode in ("cold", "warm")])
+        tables = [summed(halves[2 * i:2 * i + 2]) for i in range(len(parts))]
+        for (label, _, _), table in zip(parts, tables):
+            print(f"  {label}: {show(table)}", flush=True)
         if not sweeps:
             continue
-        others = [("calibration held-out", "calibration", "held-out")] + [(sweep, sweep, None) for sweep in REGIME_SWEEPS[1:]]
-        for label, sweep, subset in others:
-            tables.append(sweep_rows(sweep, subset, sdpa))
-            print(f"  {label}: {show(tables[-1])}", flush=True)
         all_sweeps = summed(tables)
         by_implementation = summed([{implementation: cell} for (implementation, _, _), cell in all_sweeps.items()])
         print(f"  all eight sweeps: {show(all_sweeps)}", flush=True)
         print("  all eight sweeps by implementation: "
               + "  ".join(f"{i} {ok} of {n}" for i, (ok, n) in sorted(by_implementation.items())), flush=True)
+
+
+def heads_rows() -> str:
+    """The heads probe's configurations, cold: DRAM MiB read beyond Q + K + V per head, predicted / measured."""
+    cells = []
+    for entry in json.loads((SWEEP_FOLDER / "sdpa_kv_order" / "heads.json").read_text())["configs"]:
+        c = entry["config"]
+        compulsory = 3 * c["n"] * c["d"] * 2 * c["heads"]
+        predicted = physical.predict("fa2", c["n"], c["d"], heads=c["heads"], causal=True, cache="cold",
+                                     kernel=KERNEL_OF[c["algorithm"]]).kernels[0].dram_read_bytes
+        measured = sum(k["dram_read_bytes"] for k in entry["kernels"])
+        cells.append(f"{c['algorithm']} {c['n']}x{c['heads']} {(predicted - compulsory) / MiB / c['heads']:.1f} / "
+                     f"{(measured - compulsory) / MiB / c['heads']:.1f}")
+    return "; ".join(cells)
 
 
 def summed(tables: list[dict]) -> dict:
@@ -259,6 +293,6 @@ def summed(tables: list[dict]) -> dict:
 
 
 if __name__ == "__main__":
-    flags = {"--sweeps", "--sdpa", "--probe-rows"}
+    flags = {"--sweeps", "--sdpa", "--probe-rows", "--heads"}
     main([a for a in sys.argv[1:] if a not in flags], "--sweeps" in sys.argv[1:], "--sdpa" in sys.argv[1:],
-         "--probe-rows" in sys.argv[1:])
+         "--probe-rows" in sys.argv[1:], "--heads" in sys.argv[1:])

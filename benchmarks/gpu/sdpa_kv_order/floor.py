@@ -76,17 +76,18 @@ def show(result: dict) -> None:
               + ("  (split-KV)" if len(kernels) > 1 else ""))
 
 
-def main(argv: list[str]) -> None:
+def probe_main(argv: list[str], name: str, configs: list[dict], metrics: dict[str, str], show) -> None:
+    """`--show FILE` prints a committed result; `OUT_DIR` profiles `configs` cold into OUT_DIR/{name}.json."""
     if argv[0] == "--show":
         show(json.loads(Path(argv[1]).read_text()))
         return
     out = Path(argv[0])
     out.mkdir(parents=True, exist_ok=True)
-    result = write_sources.measure(out, CONFIGS, METRICS, name="floor")
-    result["command"] = "python benchmarks/gpu/sdpa_kv_order/floor.py $OUT"
-    (out / "floor.json").write_text(json.dumps(result, indent=1))
+    result = write_sources.measure(out, configs, metrics, name=name)
+    result["command"] = f"python benchmarks/gpu/sdpa_kv_order/{name}.py $OUT"
+    (out / f"{name}.json").write_text(json.dumps(result, indent=1))
     show(result)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    probe_main(sys.argv[1:], "floor", CONFIGS, METRICS, show)

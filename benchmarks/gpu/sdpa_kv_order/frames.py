@@ -9,6 +9,9 @@ the frames in place, as the model's own were fitted, and counts the SDPA rows of
 10% / 1 MiB, with the read errors' 90th percentile and worst case (by absolute value), against the model:
 
     python benchmarks/gpu/sdpa_kv_order/frames.py > benchmarks/gpu/sdpa_kv_order/frames.txt
+
+(frames.txt was made when the model's L2 was the mixture of two LRU caches; with hashed sets each set
+gives up its share of the frames.)
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import simflash.model.calibration as calibration
 import simflash.model.physical as physical
 from simflash.chip import kernel_profile, resident_ctas
 from simflash.config import gpu_spec
+from simflash.l2 import L2Sets
 from simflash.model.calibration import REGIME_REPORTS, REGIME_SWEEPS, compare, fit_spill_writes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,8 +46,9 @@ def predict_with_frames(algorithm, n, d, *, kernel="simflash", causal=False, **o
 
     def smaller(spec):
         l2 = MODEL_L2(spec)
+        share = 1 / len(l2.caches) if isinstance(l2, L2Sets) else 1  # a set holds its share of the capacity
         for cache in l2.caches:
-            cache.capacity_bytes -= frames
+            cache.capacity_bytes -= frames * share
         return l2
 
     physical.l2_cache = smaller

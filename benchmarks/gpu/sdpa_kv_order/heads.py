@@ -13,13 +13,10 @@ Printed per configuration: DRAM MiB read, per head, beyond Q + K + V, and as a s
 re-reads; the model's figures beside them (`simflash physical`, cold).
 """
 
-import json
 import sys
-from pathlib import Path
 
-from floor import kv_rereads
+from floor import kv_rereads, probe_main
 
-from simflash.backends import write_sources
 from simflash.config import MiB
 from simflash.model.calibration import KERNEL_OF
 from simflash.model.physical import predict
@@ -55,17 +52,5 @@ def show(result: dict) -> None:
               f"{'':25s}{100 * measured / rereads:6.2f}% / {100 * model / rereads:.2f}%")
 
 
-def main(argv: list[str]) -> None:
-    if argv[0] == "--show":
-        show(json.loads(Path(argv[1]).read_text()))
-        return
-    out = Path(argv[0])
-    out.mkdir(parents=True, exist_ok=True)
-    result = write_sources.measure(out, CONFIGS, METRICS, name="heads")
-    result["command"] = "python benchmarks/gpu/sdpa_kv_order/heads.py $OUT"
-    (out / "heads.json").write_text(json.dumps(result, indent=1))
-    show(result)
-
-
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    probe_main(sys.argv[1:], "heads", CONFIGS, METRICS, show)

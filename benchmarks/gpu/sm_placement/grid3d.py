@@ -19,27 +19,14 @@ import json
 import sys
 from pathlib import Path
 
-SOURCE = r"""
-extern "C" __global__ void placed3d(int spin, unsigned long long* out, float* sink) {
-  extern __shared__ float pad[];
-  unsigned long long start, end;
-  unsigned sm;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-  float a = threadIdx.x, b = 1.f, c = 2.f, d = 3.f;
-  for (int i = 0; i < (blockIdx.x + 1) * spin; ++i) {
-    a = a * 1.0000001f + 0.5f; b = b * 0.9999999f + 0.25f; c = c * 1.0000002f + 0.125f; d = d * 0.9999998f + 1.f;
-  }
-  pad[threadIdx.x] = a + b + c + d;
-  __syncthreads();
-  if (pad[(threadIdx.x + 1) % blockDim.x] == -1.f) sink[0] = 1.f;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(end));
-  if (threadIdx.x == 0) {
-    const unsigned long long id = blockIdx.x + (unsigned long long)gridDim.x * blockIdx.z;
-    out[3 * id] = sm; out[3 * id + 1] = start; out[3 * id + 2] = end;
-  }
-}
-"""
+from placement import SOURCE as PLACED
+
+# placement.py's kernel, each CTA spinning for blockIdx.x + 1 units and recording at its linear index
+SOURCE = (PLACED.replace("void placed(const int* units, int spin,", "void placed3d(int spin,")
+          .replace("units[blockIdx.x] * spin", "(blockIdx.x + 1) * spin")
+          .replace("out[3 * blockIdx.x] = sm; out[3 * blockIdx.x + 1] = start; out[3 * blockIdx.x + 2] = end;",
+                   "const unsigned long long id = blockIdx.x + (unsigned long long)gridDim.x * blockIdx.z;\n"
+                   "    out[3 * id] = sm; out[3 * id + 1] = start; out[3 * id + 2] = end;"))
 TILES, HEADS = 256, 12
 SHARED = 100 * 1024
 SPIN = 2000
