@@ -246,7 +246,7 @@ class L2Mixture(_CacheGroup):
 
 @attrs.define
 class L2Sets(_CacheGroup):
-    """The L2 as hashed sets: `sets` caches of an equal share of the capacity. A block is cut into stripes of at
+    """The L2 as hashed sets: `caches`, each an equal share of the capacity. A block is cut into stripes of at
     most `stripe_bytes`, each placed in a set by a hash of its key (CRC-32: the same on every run), and
     replaced there; the flows are the sets' sums. One capacity whose sets fill unevenly: data reused at a
     distance near the capacity survives in the sets that happen to hold less."""
