@@ -501,7 +501,6 @@ def naive_forward(q, k, v, causal, causal_variant, scale, dtype, *, record_event
     for name in ("S", "P"):  # read back only where stored (read_where), so no poison needed
         hbm.allocate(name, (heads, n_q, n_kv), Q.dtype, poison=False)
     hbm.allocate("O", Q.shape, Q.dtype)
-    ctas = naive_grid(sched, heads, Q.dtype.itemsize)
     wave_rows = gemm_pv_wave_rows(gpu_spec(gpu))
 
     def naive_body(kernel: str, cta: CTA) -> Iterator:
@@ -516,6 +515,7 @@ def naive_forward(q, k, v, causal, causal_variant, scale, dtype, *, record_event
         # row's softmax is NaN: counted below in run.overflow, not left to NumPy's RuntimeWarning.
         with hbm.kernel(kernel), np.errstate(over="ignore", invalid="ignore"):
             slots = concurrent_heads(kernel, sched, wave_rows)
+            ctas = naive_grid(kernel, sched, heads, Q.dtype.itemsize, wave_rows)
             for _ in run_bodies({cta: functools.partial(naive_body, kernel, cta) for cta in ctas}, slots):
                 pass
         if kernel == NAIVE_KERNELS[0]:  # only the stored entries: masked ones are never written

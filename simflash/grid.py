@@ -75,8 +75,9 @@ def kv_head(h: int, group: int) -> int:
     return h // group
 
 
-def block_key(tensor: str, head: int, rows: slice) -> BlockKey:
-    return (tensor, head, rows.start)
+def block_key(tensor: str, head: int, rows: slice, cols: slice | None = None) -> BlockKey:
+    """(tensor, head, first row), and the first column of a piece of a row block (the naive path's P)."""
+    return (tensor, head, rows.start) if cols is None else (tensor, head, rows.start, cols.start)
 
 
 @attrs.define

@@ -114,7 +114,8 @@ class L2Cache:
         if held != block[2]:
             self._resident_cost += held - block[2]
             block[2] = held
-        self._blocks.move_to_end(key)
+        if not block[1]:  # a dirty block read keeps its place: what a kernel wrote for the next to read once
+            self._blocks.move_to_end(key)
         flow[0] += nbytes * count
         if self._resident_cost > self.capacity_bytes:
             self._evict()

@@ -375,11 +375,13 @@ class TiledHBM:
 
 
 def _block_key(tensor: str, index: tuple) -> tuple:
-    """The L2 block a transfer touches: (tensor, head, first row), as simflash.grid.block_key names it."""
+    """The L2 block a transfer touches: (tensor, head, first row), and the first column where the index
+    slices columns too, as simflash.grid.block_key names it."""
     head = index[0] if index and isinstance(index[0], (int, np.integer)) else 0
     rows = index[1] if len(index) > 1 and isinstance(index[1], slice) else slice(0, None)
     # A ledger label such as "O (init)" names a phase of tensor O, not other memory: same block.
-    return (tensor.split(" (")[0], int(head), rows.start or 0)
+    key = (tensor.split(" (")[0], int(head), rows.start or 0)
+    return (*key, index[2].start or 0) if len(index) > 2 and isinstance(index[2], slice) else key
 
 
 def _stored_count(stored: np.ndarray, shape: tuple[int, ...]) -> int:

@@ -54,6 +54,27 @@ def test_read_fill_weight_lets_dirty_blocks_stay():
     assert plain.traffic().ledger["k", "S"].dram_write_bytes == 80
 
 
+def test_a_read_leaves_a_dirty_block_where_it_was_a_clean_one_moves_to_the_end():
+    """Capacity 3 KiB: S0, S1, S2 written (dirty), S0 read, P0 written. The read leaves S0 the oldest, so P0
+    evicts it (read, the softmax is done with it), not S1, which is still to be read. Clean blocks: K0, K1,
+    K2 read, K0 read again, Q0 read: K0 moved to the end, K1 goes."""
+    l2 = L2Cache(capacity_bytes=3 * 1024)
+    l2.kernel = "k"
+    for row in range(3):
+        l2.write(("S", 0, row), 1024)
+    l2.read(("S", 0, 0), 1024)
+    l2.write(("P", 0, 0), 1024)
+    l2.read(("S", 0, 1), 1024)
+    flows = l2.traffic().ledger
+    assert flows["k", "S"].dram_write_bytes == 1024 and flows["k", "S"].hit_bytes == 2048
+    l2.flush()
+    for block in (0, 1, 2, 0):
+        l2.read(("K", 0, block), 1024)
+    l2.read(("Q", 0, 0), 1024)
+    l2.read(("K", 0, 0), 1024)
+    assert l2.traffic().ledger["k", "K"].hit_bytes == 2 * 1024
+
+
 def test_a_mixture_keeps_data_reused_between_its_capacities_half_the_time():
     """A stream of 100 bytes read twice: caches of 90 and 110 bytes miss and hit the second pass; their
     mixture reads half of it again. The logical bytes are every cache's; the flush residue is carried
@@ -403,25 +424,49 @@ def test_sdpa_s_causal_grids_of_several_waves_carry_the_diagonal_reuse_note():
     assert predict("fa2", 4096, 128, heads=32, causal=True).notes == ()  # simflash's kernel walks from the first tile
 
 
-def test_the_pv_gemm_writes_o_a_wave_at_a_time():
-    """N = 1024, d = 128, fp16: rows of S stream in blocks of 128. With waves of 512 rows of O, the P V
-    GEMM's CTA reads P block by block and writes O's four blocks of a wave at its last block (steps 3 and
-    7), 1024 x 128 x 2 bytes in all; a wave of 132 x 256 rows holds 33 such heads side by side."""
+def test_the_pv_gemm_walks_p_a_column_chunk_at_a_time_and_writes_o_a_wave_at_a_time():
+    """N = 1024, d = 128, fp16: rows of S stream in blocks of 128, P's columns in chunks of 512. With waves of
+    512 rows of O, the P V GEMM's CTA takes a step per (wave, chunk): it reads that chunk of every row block of
+    the wave (the first wave with the chunk of V), and writes the wave's four blocks of O at its last chunk
+    (steps 1 and 3), 1024 x 128 x 2 bytes in all; a wave of 132 x 256 rows holds 33 such heads side by side."""
     from simflash.algorithms.naive import block_rows, gemm_pv_heads_at_once, naive_grid, naive_program
     from simflash.chip import gemm_pv_wave_rows
     from simflash.schedule import TileSchedule
 
     sched = TileSchedule(1024, 1024, 1024, 1024)
     assert block_rows(1024, 2) == 128
-    (cta,) = naive_grid(sched, 1, 2)
+    (cta,) = naive_grid("gemm_pv", sched, 1, 2, wave_rows=512)
+    assert cta.n_steps == 4
     program = naive_program("gemm_pv", sched, cta, 128, 2, wave_rows=512)
     writes = {step: [a for a in program.stream(step) if a.write] for step in range(cta.n_steps)}
-    assert [step for step, w in writes.items() if w] == [3, 7]
-    assert [len(writes[3]), len(writes[7])] == [4, 4]
+    assert [step for step, w in writes.items() if w] == [1, 3]
+    assert [len(writes[1]), len(writes[3])] == [4, 4]
     assert sum(a.nbytes for w in writes.values() for a in w) == 1024 * 128 * 2
-    assert all(not a.write and a.key[0] == "P" for a in program.stream(0))
+    assert [a.key for a in program.stream(0)] == [("V", 0, 0)] + [("P", 0, r, 0) for r in (0, 128, 256, 384)]
+    assert [a.key for a in program.stream(2)] == [("P", 0, r, 0) for r in (512, 640, 768, 896)]
+    assert all(a.nbytes == 128 * 512 * 2 for a in program.stream(2))
     assert gemm_pv_wave_rows(sf.GPUS["H200"]) == 132 * 256
     assert gemm_pv_heads_at_once(sched, 132 * 256) == 132 * 256 // 1024
+
+
+def test_the_softmax_writes_p_in_the_pieces_the_pv_gemm_reads_and_the_mask_leaves_out_empty_ones():
+    """Causal, N = 1024, fp16: row block 0 (rows 0-127) stores entries only in column chunk 0, so the softmax
+    writes one piece there; row block 7 (rows 896-1023) two. The pieces the P V GEMM reads are those written,
+    with the same bytes, and their sum is the lower triangle's."""
+    from simflash.algorithms.naive import naive_grid, naive_program
+    from simflash.schedule import TileSchedule
+
+    sched = TileSchedule(1024, 1024, 1024, 1024, causal=True)
+    (softmax,) = naive_grid("softmax", sched, 1, 2, wave_rows=33792)
+    written = [a for t in range(softmax.n_steps) for a in naive_program("softmax", sched, softmax, 128, 2, 33792).stream(t)
+               if a.write]
+    assert [a.key for a in written if a.key[2] == 0] == [("P", 0, 0, 0)]
+    assert [a.key for a in written if a.key[2] == 896] == [("P", 0, 896, 0), ("P", 0, 896, 512)]
+    (pv,) = naive_grid("gemm_pv", sched, 1, 2, wave_rows=33792)
+    program = naive_program("gemm_pv", sched, pv, 128, 2, 33792)
+    read = [a for t in range(pv.n_steps) for a in program.stream(t) if not a.write and a.key[0] == "P"]
+    assert sorted((a.key, a.nbytes) for a in read) == sorted((a.key, a.nbytes) for a in written)
+    assert sum(a.nbytes for a in read) == 1024 * 1025 // 2 * 2
 
 
 def test_pytorch_s_small_grids_are_split_kv_as_ncu_measured():

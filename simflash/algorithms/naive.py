@@ -7,10 +7,14 @@
 Each kernel's work is split into one CTA per head that streams its rows in blocks of `block_rows`
 (a block of S about NAIVE_BLOCK_BYTES), reading each operand once, as the logical model counts it:
 the order in which an L2 sees S and P go by. (cuBLAS and a softmax tile the work differently; what the
-L2 sees of it is a stream of rows, head after head.) One thing of cuBLAS's tiling the L2 does see: the
-P V GEMM's CTAs each write their tile of O as they end, so a wave's O arrives after all of the wave's
-P has streamed by. The P V kernel's CTAs hold their rows of O until a wave's worth of rows (`wave_rows`)
-is done, and the chip runs as many heads side by side as a wave holds.
+L2 sees of it is a stream of rows, head after head.) Two things of cuBLAS's tiling of the P V GEMM
+the L2 does see. Its CTAs (GEMM_TILE_ROWS rows of O each, one on every SM) walk P's columns together,
+so a wave's rows of P are read a column chunk at a time, all of them at chunk k before any at chunk
+k + 1: the part of P the softmax left in the L2 is read piecemeal over the whole wave, not row after
+row. And each CTA writes its tile of O as it ends, after all of the wave's P has gone by. So the P V
+kernel's CTA takes its rows a wave (`wave_rows`) at a time, one step per chunk of PV_CHUNK_COLUMNS
+columns, and writes the wave's O at its last chunk; the chip runs as many heads side by side as a wave
+holds. The softmax writes P in the (row block, column chunk) pieces the GEMM reads.
 
 Causal or windowed: kernels store and load only the permitted entries of S and P (the lower triangle,
 the band); the others are never stored, and the softmax treats them as -inf. Grouped-query heads: each
@@ -23,7 +27,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from simflash.config import KiB
+from simflash.config import STATE_DTYPE, KiB
 from simflash.grid import CTA, Access, CTAProgram, block_key, kv_head
 from simflash.memory import SimulatedGPU
 from simflash.schedule import TileSchedule
@@ -31,6 +35,7 @@ from simflash.schedule import TileSchedule
 KERNELS = ("gemm_qk", "softmax", "gemm_pv")
 NAIVE_BLOCK_BYTES = 256 * KiB  # rows of S streamed per step
 GEMM_TILE_ROWS = 256  # rows of O per CTA of cuBLAS's P V GEMM (its H200 tile: nvjet_sm90_hsh_128x256)
+PV_CHUNK_COLUMNS = 512  # columns of P the P V GEMM's CTAs read per step: 256 KiB of a tile's rows at fp16
 
 
 def block_rows(n_kv: int, itemsize: int) -> int:
@@ -40,15 +45,28 @@ def block_rows(n_kv: int, itemsize: int) -> int:
     return min(GEMM_TILE_ROWS, 1 << (rows.bit_length() - 1))
 
 
-def naive_grid(sched: TileSchedule, heads: int, itemsize: int) -> list[CTA]:
-    """One CTA per head, one step per block of rows (the same grid for all three kernels)."""
-    steps = -(-sched.n_q // block_rows(sched.n_kv, itemsize))
+def naive_grid(kernel: str, sched: TileSchedule, heads: int, itemsize: int, wave_rows: int) -> list[CTA]:
+    """One CTA per head; one step per block of rows, or (the P V GEMM) per column chunk of each wave."""
+    if kernel == "gemm_pv":
+        steps = -(-sched.n_q // wave_rows) * len(_column_chunks(sched))
+    else:
+        steps = -(-sched.n_q // block_rows(sched.n_kv, itemsize))
     return [CTA((h,), steps, (h,)) for h in range(heads)]
 
 
-def _row_blocks(sched: TileSchedule, itemsize: int) -> list[slice]:
+def _row_blocks(sched: TileSchedule, itemsize: int, within: slice | None = None) -> list[slice]:
+    """The blocks of `block_rows` rows (of one wave's rows, `within`, where given: whole blocks)."""
     rows = block_rows(sched.n_kv, itemsize)
-    return [slice(r, min(r + rows, sched.n_q)) for r in range(0, sched.n_q, rows)]
+    start, stop = (0, sched.n_q) if within is None else (within.start, within.stop)
+    return [slice(r, min(r + rows, stop)) for r in range(start, stop, rows)]
+
+
+def _waves(sched: TileSchedule, wave_rows: int) -> list[slice]:
+    return [slice(r, min(r + wave_rows, sched.n_q)) for r in range(0, sched.n_q, wave_rows)]
+
+
+def _column_chunks(sched: TileSchedule) -> list[slice]:
+    return [slice(c, min(c + PV_CHUNK_COLUMNS, sched.n_kv)) for c in range(0, sched.n_kv, PV_CHUNK_COLUMNS)]
 
 
 def gemm_qk_cta(gpu: SimulatedGPU, sched: TileSchedule, scale: float, cta: CTA) -> Iterator[None]:
@@ -77,7 +95,10 @@ def softmax_cta(gpu: SimulatedGPU, sched: TileSchedule, scale: float, cta: CTA) 
         l = P_r.sum(axis=-1, keepdims=True)  # (rows, 1)
         P_r /= np.where(l > 0, l, 1.0)  # such a row is all zeros: divide by 1 to keep it so
         compute.elementwise(exp=P_r.size, fp32=3 * P_r.size, div=P_r.size)  # max, subtract, sum; exp; divide
-        hbm.write_where("P", P_r, stored, index=(h, rows))
+        for cols in _column_chunks(sched):  # the pieces the P V GEMM reads
+            piece = None if stored is None else stored[:, cols]
+            if piece is None or piece.any():
+                hbm.write_where("P", P_r[:, cols], piece, index=(h, rows, cols))
         yield None
 
 
@@ -85,16 +106,25 @@ def gemm_pv_cta(gpu: SimulatedGPU, sched: TileSchedule, scale: float, cta: CTA, 
     hbm, compute = gpu.hbm, gpu.compute
     (h,) = cta.index
     permitted = sched.mask(0, 0) if sched.masks else None
-    V = hbm.read("V", (kv_head(h, hbm.shape("Q")[0] // hbm.shape("V")[0]),))  # (n_kv, d) its group's V
-    blocks = _row_blocks(sched, hbm.itemsize("P"))
-    waves = _waves_ending(sched, blocks, wave_rows)
-    done: dict[int, np.ndarray] = {}  # rows of O computed, not yet written, by first row
-    for t, rows in enumerate(blocks):
-        P_r = hbm.read_where("P", None if permitted is None else permitted[rows], fill=0.0, index=(h, rows))
-        done[rows.start] = compute.matmul(P_r, V)  # (rows, d)
-        for written in waves.get(t, ()):  # the wave's CTAs end: their tiles of O go out
-            hbm.write("O", (h, written), done.pop(written.start))
-        yield None
+    h_kv = kv_head(h, hbm.shape("Q")[0] // hbm.shape("V")[0])  # its group's V
+    chunks = _column_chunks(sched)
+    V = np.empty(hbm.shape("V")[1:], dtype=STATE_DTYPE)  # (n_kv, d): read a chunk at a time by the first wave
+    for w, wave in enumerate(_waves(sched, wave_rows)):
+        blocks = _row_blocks(sched, hbm.itemsize("P"), wave)
+        O_w = np.zeros((wave.stop - wave.start, V.shape[1]), dtype=V.dtype)  # (wave rows, d) accumulated
+        for k, cols in enumerate(chunks):
+            if w == 0:  # later waves' reads of V hit the L2: counted once, as the logical model does
+                V[cols] = hbm.read("V", (h_kv, cols))
+            for rows in blocks:  # the dense GEMM multiplies every chunk; it reads only the stored pieces
+                stored = None if permitted is None else permitted[rows, cols]
+                read = stored is None or stored.any()
+                P_rc = hbm.read_where("P", stored, fill=0.0, index=(h, rows, cols)) if read else \
+                    np.zeros((rows.stop - rows.start, cols.stop - cols.start), dtype=V.dtype)
+                O_w[rows.start - wave.start:rows.stop - wave.start] += compute.matmul(P_rc, V[cols])
+            if k == len(chunks) - 1:  # the wave's CTAs end: their tiles of O go out
+                for rows in blocks:
+                    hbm.write("O", (h, rows), O_w[rows.start - wave.start:rows.stop - wave.start])
+            yield None
 
 
 def gemm_pv_heads_at_once(sched: TileSchedule, wave_rows: int) -> int:
@@ -120,6 +150,7 @@ def naive_program(kernel: str, sched: TileSchedule, cta: CTA, d: int, itemsize: 
     h_kv = kv_head(h, group)
     blocks = _row_blocks(sched, itemsize)
     row_entries = stored_per_row(sched)
+    chunks = _column_chunks(sched)
 
     def score_bytes(rows: slice) -> int:
         return int(row_entries[rows].sum()) * itemsize
@@ -132,32 +163,45 @@ def naive_program(kernel: str, sched: TileSchedule, cta: CTA, d: int, itemsize: 
         return CTAProgram(cta, lambda t: (Access(block_key("Q", h, blocks[t]), rows_bytes(blocks[t])),
                                           Access(block_key("S", h, blocks[t]), score_bytes(blocks[t]), True)),
                           prologue=(Access(block_key("K", h_kv, whole), sched.n_kv * d * itemsize),))
+    pieces = _piece_bytes(sched, blocks, chunks, itemsize)  # (row block, chunk): bytes stored
     if kernel == "softmax":
         return CTAProgram(cta, lambda t: (Access(block_key("S", h, blocks[t]), score_bytes(blocks[t])),
-                                          Access(block_key("P", h, blocks[t]), score_bytes(blocks[t]), True)))
-    waves = _waves_ending(sched, blocks, wave_rows)
+                                          *(Access(block_key("P", h, blocks[t], cols), int(pieces[t, k]), True)
+                                            for k, cols in enumerate(chunks) if pieces[t, k])))
+    waves = _waves(sched, wave_rows)
+    first_block = {wave.start: blocks.index(_row_blocks(sched, itemsize, wave)[0]) for wave in waves}
 
     def pv_step(t: int) -> tuple[Access, ...]:
-        return (Access(block_key("P", h, blocks[t]), score_bytes(blocks[t])),
-                *(Access(block_key("O", h, b), rows_bytes(b), True) for b in waves.get(t, ())))
+        wave, k = waves[t // len(chunks)], t % len(chunks)
+        wave_blocks = _row_blocks(sched, itemsize, wave)
+        first = first_block[wave.start]
+        reads = (Access(block_key("P", h, rows, chunks[k]), int(pieces[first + b, k]))
+                 for b, rows in enumerate(wave_blocks) if pieces[first + b, k])
+        ending = wave_blocks if k == len(chunks) - 1 else ()  # the wave's tiles of O go out
+        v = (Access(block_key("V", h_kv, chunks[k]), rows_bytes(chunks[k])),) if t < len(chunks) else ()
+        return (*v, *reads, *(Access(block_key("O", h, rows), rows_bytes(rows), True) for rows in ending))
 
-    return CTAProgram(cta, pv_step, prologue=(Access(block_key("V", h_kv, whole), sched.n_kv * d * itemsize),))
-
-
-def _waves_ending(sched: TileSchedule, blocks: list[slice], wave_rows: int) -> dict[int, list[slice]]:
-    """{t: the blocks of the wave that block t ends}, for the blocks that end a wave."""
-    ends: dict[int, list[slice]] = {}
-    wave: list[slice] = []
-    for t, rows in enumerate(blocks):
-        wave.append(rows)
-        if rows.stop % wave_rows == 0 or rows.stop == sched.n_q:
-            ends[t], wave = wave, []
-    return ends
+    return CTAProgram(cta, pv_step)
 
 
-def stored_per_row(sched: TileSchedule) -> np.ndarray:
-    """Entries of S (and P) each query row stores: all n_kv, or (causal, windowed) the visible ones."""
+def _stored_columns(sched: TileSchedule) -> tuple[np.ndarray, np.ndarray]:
+    """(first, one past the last) key each query row stores, clipped to the keys: all n_kv, or (causal,
+    windowed) the visible ones."""
     diagonal = np.arange(sched.n_q) + sched.diagonal_offset  # (n_q,)
     last = np.full(sched.n_q, sched.n_kv - 1) if sched.right is None else diagonal + sched.right
     first = np.zeros(sched.n_q, dtype=np.int64) if sched.left is None else diagonal - sched.left
-    return np.clip(last + 1, 0, sched.n_kv) - np.clip(first, 0, sched.n_kv)
+    return np.clip(first, 0, sched.n_kv), np.clip(last + 1, 0, sched.n_kv)
+
+
+def stored_per_row(sched: TileSchedule) -> np.ndarray:
+    """Entries of S (and P) each query row stores."""
+    first, stop = _stored_columns(sched)
+    return stop - first
+
+
+def _piece_bytes(sched: TileSchedule, blocks: list[slice], chunks: list[slice], itemsize: int) -> np.ndarray:
+    """(row block, column chunk): bytes of the entries of P stored in each piece."""
+    first, stop = _stored_columns(sched)
+    starts = [rows.start for rows in blocks]
+    return np.stack([np.add.reduceat(np.maximum(np.minimum(stop, c.stop) - np.maximum(first, c.start), 0), starts)
+                     for c in chunks], axis=1) * itemsize

@@ -172,7 +172,6 @@ def _spill_notes(spec: GPUSpec, profile: KernelProfile, d: int, causal: bool, ow
 
 def _naive(spec, l2: L2, n, n_kv, d, heads, causal, causal_variant, itemsize, cache):
     sched = TileSchedule(n, n_kv, n, n_kv, causal=causal, causal_variant=causal_variant)
-    ctas = naive_grid(sched, heads, itemsize)
     stored = int(stored_per_row(sched).sum()) * heads
     wave_rows = gemm_pv_wave_rows(spec)
     predictions = []
@@ -180,6 +179,7 @@ def _naive(spec, l2: L2, n, n_kv, d, heads, causal, causal_variant, itemsize, ca
         if cache == "cold" or kernel == NAIVE_KERNELS[0]:
             l2.flush(residue=cache == "cold")
         l2.kernel = kernel
+        ctas = naive_grid(kernel, sched, heads, itemsize, wave_rows)
         slots = concurrent_heads(kernel, sched, wave_rows)
         resident = run_programs((naive_program(kernel, sched, cta, d, itemsize, wave_rows) for cta in ctas), slots, l2)
         l2.end_kernel()

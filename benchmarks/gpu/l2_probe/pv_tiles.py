@@ -22,14 +22,14 @@ def programs(kernel: str, sched: TileSchedule, heads: int, d: int, itemsize: int
     rows = _row_blocks(sched, itemsize)
     chunks = [slice(c, min(c + CHUNK, sched.n_kv)) for c in range(0, sched.n_kv, CHUNK)]
     if kernel == "gemm_qk":
-        return [naive_program(kernel, sched, cta, d, itemsize, 0) for cta in naive_grid(sched, heads, itemsize)]
+        return [naive_program(kernel, sched, cta, d, itemsize, 0) for cta in naive_grid(kernel, sched, heads, itemsize, sched.n_q)]
     if kernel == "softmax":
         def softmax_step(h: int, t: int) -> tuple[Access, ...]:
             r = rows[t]
             return (Access(("S", h, r.start), (r.stop - r.start) * sched.n_kv * itemsize),
                     *(Access(("P", h, r.start, c.start), (r.stop - r.start) * (c.stop - c.start) * itemsize, True)
                       for c in chunks))
-        return [CTAProgram(cta, lambda t, h=cta.index[0]: softmax_step(h, t)) for cta in naive_grid(sched, heads, itemsize)]
+        return [CTAProgram(cta, lambda t, h=cta.index[0]: softmax_step(h, t)) for cta in naive_grid(kernel, sched, heads, itemsize, sched.n_q)]
 
     def pv_step(h: int, tile: list[slice], k: int) -> tuple[Access, ...]:
         c = chunks[k]

@@ -1,7 +1,7 @@
 """Variants of the L2 model (simflash.l2), tried against the probe (probe.json) and the whole-chip sweeps,
 none of them kept: the scores docs/physical.md quotes for them.
 
-    python benchmarks/gpu/l2_probe/variants.py [VARIANT ...] [--sweeps] [--sdpa] [--probe-rows] [--heads]
+    python benchmarks/gpu/l2_probe/variants.py [VARIANT ...] [--sweeps] [--sdpa] [--probe-rows] [--heads] [--naive]
 
 Per variant: the probe's kernel rows predicted (DRAM bytes read and written, within 10% / 1 MiB, and the
 absolute error in MiB), and the calibration sweep's fit rows within 10% / 1 MiB (naive and simflash's
@@ -10,11 +10,14 @@ FA-2 kernel, reads and writes, cold and warm: 256 in all), as the model's own fi
 --sdpa, PyTorch SDPA's FA-2 rows beside them; with --probe-rows, each probe kernel's DRAM MiB read and
 written, predicted / measured. A variant with `pv_tiles` also plays the naive path's P V GEMM as
 pv_tiles.py lays it out. With --heads, the heads probe's causal grids at d = 128 (sdpa_kv_order/heads.json):
-DRAM MiB read beyond Q + K + V per head, predicted / measured.
+DRAM MiB read beyond Q + K + V per head, predicted / measured. With --naive, only the naive path's rows
+no figure was fitted on (the eight sweeps less the calibration fit set), by kernel, cold and warm.
 """
 
 import json
+import random
 import sys
+from itertools import islice
 from collections import OrderedDict
 from multiprocessing import Pool
 from pathlib import Path
@@ -35,21 +38,25 @@ PROBE_BLOCK = 256 * 1024
 
 @attrs.define
 class L2Variant(L2Cache):
-    """L2Cache with six switches: dirty bytes capped at `dirty_limit` (beyond it the least recently used
+    """L2Cache with seven switches: dirty bytes capped at `dirty_limit` (beyond it the least recently used
     dirty blocks are written back and stay, clean); dirty blocks holding `dirty_weight` of their size; the
-    cold flush's residue as dirty blocks at the least-recently-used end (in place of the ramp); a read of a
-    dirty block leaving its place in the order unchanged; `shared_rereads`: a clean block read again, by any
-    CTA at any step, holding the cohort weight (data several SMs read) rather than only when a cohort reads it
-    in one step; `reread_floor`: once the cache has evicted, that share of a clean block's hit by one CTA (a
-    re-read) misses, as if the replacement sometimes picked live lines (SDPA's causal floor, floor.py)."""
+    cold flush's residue as dirty blocks at the least-recently-used end (in place of the ramp);
+    `dirty_read_renews`: a read of a dirty block moving it to the most recently used end, as a clean one
+    (the model leaves it in place); `shared_rereads`: a clean block read again, by any CTA at any step,
+    holding the cohort weight (data several SMs read) rather than only when a cohort reads it in one step;
+    `reread_floor`: once the cache has evicted, that share of a clean block's hit by one CTA (a re-read)
+    misses, as if the replacement sometimes picked live lines (SDPA's causal floor, floor.py);
+    `victim_window`: the block evicted drawn at random (seeded) among that many least recently used."""
 
     dirty_limit: float = float("inf")
     dirty_weight: float = 1.0
     residue_blocks: bool = False
-    dirty_read_keeps_place: bool = False
+    dirty_read_renews: bool = False
     shared_rereads: bool = False
     reread_floor: float = 0.0
+    victim_window: int = 1
     _evicting: bool = False
+    _random: random.Random = attrs.field(factory=lambda: random.Random(0))
     _dirty: OrderedDict = attrs.field(factory=OrderedDict)  # dirty keys, least recently used first
     _dirty_bytes: int = 0
 
@@ -75,7 +82,7 @@ class L2Variant(L2Cache):
         self._resident_cost += held - block[2]
         block[2] = held
         self._flow(key[0])[0] += nbytes * count
-        if not self.dirty_read_keeps_place:
+        if self.dirty_read_renews:
             self._blocks.move_to_end(key)
             self._dirty.move_to_end(key)
         self._evict()
@@ -124,7 +131,12 @@ class L2Variant(L2Cache):
     def _evict(self):
         while self._resident_cost > self.capacity_bytes and self._blocks:
             self._evicting = True
-            key, (nbytes, dirty, cost) = self._blocks.popitem(last=False)
+            if self.victim_window > 1:
+                oldest = list(islice(self._blocks, self.victim_window))
+                key = oldest[self._random.randrange(len(oldest))]
+                nbytes, dirty, cost = self._blocks.pop(key)
+            else:
+                key, (nbytes, dirty, cost) = self._blocks.popitem(last=False)
             self._resident_cost -= cost
             if dirty:
                 self._flow(key[0])[2] += nbytes
@@ -141,7 +153,6 @@ VARIANTS = {
                   residue_blocks=True),
     "cap-on-fitted": dict(capacities=(27.5, 32.5), read_fill_weight=0.65, cohort_weight=1.0, dirty_weight=0.65,
                           dirty_limit=28.2, residue_blocks=True),
-    "dirty-read-keeps-place": dict(capacities=MIXTURE, dirty_read_keeps_place=True),
     "dirty-weight-0.7": dict(capacities=MIXTURE, dirty_weight=0.7),
     "dirty-weight-0.9": dict(capacities=MIXTURE, dirty_weight=0.9),
     "dirty-cap-14": dict(capacities=MIXTURE, dirty_limit=14.0),
@@ -158,6 +169,11 @@ VARIANTS = {
     "sets-32-114": dict(capacities=(32,), sets=114, stripe_kib=16),
     "sets-28.5-114": dict(capacities=(28.5,), sets=114, stripe_kib=16),
     "sets-30-57": dict(capacities=(30,), sets=57, stripe_kib=16),
+    "dirty-read-renews": dict(dirty_read_renews=True),
+    "pv-tiles": dict(pv_tiles=True),
+    "fill-0.5": dict(read_fill_weight=0.5),
+    "random-victim-8": dict(victim_window=8),
+    "random-victim-32": dict(victim_window=32),
 }
 
 
@@ -232,6 +248,20 @@ def sweep_rows(sweep: str, subset: str | None = None, sdpa: bool = False, modes:
     return counts
 
 
+def naive_kernel_rows(sweep: str, mode: str) -> dict[tuple[str, str, str], list[int]]:
+    """{(kernel, cache, reads | writes): [rows within 10% / 1 MiB, rows]} of a sweep's naive rows outside the
+    calibration fit set."""
+    counts: dict[tuple[str, str, str], list[int]] = {}
+    for c in compare(load(SWEEP_FOLDER / f"{sweep}_{mode}.json"), implementations=("naive",), sweep=sweep):
+        if c.subset == "fit":
+            continue
+        for key, name in (("dram_read_bytes", "reads"), ("dram_write_bytes", "writes")):
+            cell = counts.setdefault((c.kernel, mode, name), [0, 0])
+            cell[0] += c.ok(key)
+            cell[1] += 1
+    return counts
+
+
 def show(counts: dict[tuple[str, str, str], list[int]]) -> str:
     within = sum(ok for ok, _ in counts.values())
     rows = sum(n for _, n in counts.values())
@@ -239,12 +269,21 @@ def show(counts: dict[tuple[str, str, str], list[int]]) -> str:
     return f"{within} of {rows}  ({cells})"
 
 
-def main(names: list[str], sweeps: bool, sdpa: bool, show_rows: bool, heads: bool = False) -> None:
+def main(names: list[str], sweeps: bool, sdpa: bool, show_rows: bool, heads: bool = False, naive: bool = False
+         ) -> None:
     model_naive = physical._naive
     for name in names or list(VARIANTS):
         variant = VARIANTS[name]
         physical.l2_cache = l2_of(variant)  # what predict() builds its L2 with
         physical._naive = pv_tiles.naive if variant.get("pv_tiles") else model_naive
+        if naive:
+            with Pool(2) as pool:
+                table = summed(pool.starmap(naive_kernel_rows, [(s, m) for s in REGIME_SWEEPS for m in ("cold", "warm")]))
+            by_cache = summed([{(m, k): cell} for (_, m, k), cell in table.items()])
+            print(f"{name}: naive rows of the eight sweeps less the fit set: "
+                  + "  ".join(f"{m} {k} {ok}/{n}" for (m, k), (ok, n) in sorted(by_cache.items())), flush=True)
+            print(f"  by kernel: {show(table)}", flush=True)
+            continue
         ok, total, error = probe_rows(variant, show_rows)
         print(f"{name}: probe {ok} of {total} within, {error:.0f} MiB off in all", flush=True)
         if heads:
@@ -293,6 +332,6 @@ def summed(tables: list[dict]) -> dict:
 
 
 if __name__ == "__main__":
-    flags = {"--sweeps", "--sdpa", "--probe-rows", "--heads"}
+    flags = {"--sweeps", "--sdpa", "--probe-rows", "--heads", "--naive"}
     main([a for a in sys.argv[1:] if a not in flags], "--sweeps" in sys.argv[1:], "--sdpa" in sys.argv[1:],
-         "--probe-rows" in sys.argv[1:], "--heads" in sys.argv[1:])
+         "--probe-rows" in sys.argv[1:], "--heads" in sys.argv[1:], "--naive" in sys.argv[1:])
