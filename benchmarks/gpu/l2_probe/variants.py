@@ -38,7 +38,7 @@ PROBE_BLOCK = 256 * 1024
 
 @attrs.define
 class L2Variant(L2Cache):
-    """L2Cache with seven switches: dirty bytes capped at `dirty_limit` (beyond it the least recently used
+    """L2Cache with eight switches: dirty bytes capped at `dirty_limit` (beyond it the least recently used
     dirty blocks are written back and stay, clean); dirty blocks holding `dirty_weight` of their size; the
     cold flush's residue as dirty blocks at the least-recently-used end (in place of the ramp);
     `dirty_read_renews`: a read of a dirty block moving it to the most recently used end, as a clean one
@@ -46,7 +46,8 @@ class L2Variant(L2Cache):
     holding the cohort weight (data several SMs read) rather than only when a cohort reads it in one step;
     `reread_floor`: once the cache has evicted, that share of a clean block's hit by one CTA (a re-read)
     misses, as if the replacement sometimes picked live lines (SDPA's causal floor, floor.py);
-    `victim_window`: the block evicted drawn at random (seeded) among that many least recently used."""
+    `victim_window`: the block evicted drawn at random (seeded) among that many least recently used;
+    `kernel_fill_weights`: the read-fill weight in the kernels it names, in place of `read_fill_weight`."""
 
     dirty_limit: float = float("inf")
     dirty_weight: float = 1.0
@@ -55,12 +56,19 @@ class L2Variant(L2Cache):
     shared_rereads: bool = False
     reread_floor: float = 0.0
     victim_window: int = 1
+    kernel_fill_weights: dict = attrs.field(factory=dict)
+    _base_fill_weight: float = 0.0
     _evicting: bool = False
     _random: random.Random = attrs.field(factory=lambda: random.Random(0))
     _dirty: OrderedDict = attrs.field(factory=OrderedDict)  # dirty keys, least recently used first
     _dirty_bytes: int = 0
 
+    def __attrs_post_init__(self):
+        self._base_fill_weight = self.read_fill_weight
+
     def read(self, key, nbytes, count=1):
+        if self.kernel_fill_weights:
+            self.read_fill_weight = self.kernel_fill_weights.get(self.kernel, self._base_fill_weight)
         block = self._blocks.get(key)
         if block is None or not (block[1] or self.shared_rereads):
             flow = self._flow(key[0])
@@ -174,6 +182,8 @@ VARIANTS = {
     "fill-0.5": dict(read_fill_weight=0.5),
     "random-victim-8": dict(victim_window=8),
     "random-victim-32": dict(victim_window=32),
+    "pv-fill-1": dict(kernel_fill_weights={"gemm_pv": 1.0}),
+    "pv-fill-0.6": dict(kernel_fill_weights={"gemm_pv": 0.6}),
 }
 
 
