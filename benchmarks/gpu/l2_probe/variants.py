@@ -245,28 +245,25 @@ def sweep_rows(sweep: str, subset: str | None = None, sdpa: bool = False, modes:
                ) -> dict[tuple[str, str, str], list[int]]:
     """{(implementation, cache, reads | writes): [rows within 10% / 1 MiB, rows]} of a sweep's naive and FA-2
     rows (and SDPA's, with `sdpa`)."""
-    counts: dict[tuple[str, str, str], list[int]] = {}
     implementations = ("naive", "fa2", "sdpa_flash") if sdpa else ("naive", "fa2")
-    for mode in modes:
-        for c in compare(load(SWEEP_FOLDER / f"{sweep}_{mode}.json"), implementations=implementations, sweep=sweep):
-            if subset is not None and c.subset != subset:
-                continue
-            for key, name in (("dram_read_bytes", "reads"), ("dram_write_bytes", "writes")):
-                cell = counts.setdefault((c.implementation, mode, name), [0, 0])
-                cell[0] += c.ok(key)
-                cell[1] += 1
-    return counts
+    return tally((c for mode in modes
+                  for c in compare(load(SWEEP_FOLDER / f"{sweep}_{mode}.json"), implementations=implementations, sweep=sweep)
+                  if subset is None or c.subset == subset), lambda c: c.implementation)
 
 
 def naive_kernel_rows(sweep: str, mode: str) -> dict[tuple[str, str, str], list[int]]:
     """{(kernel, cache, reads | writes): [rows within 10% / 1 MiB, rows]} of a sweep's naive rows outside the
     calibration fit set."""
+    return tally((c for c in compare(load(SWEEP_FOLDER / f"{sweep}_{mode}.json"), implementations=("naive",), sweep=sweep)
+                  if c.subset != "fit"), lambda c: c.kernel)
+
+
+def tally(comparisons, label) -> dict[tuple[str, str, str], list[int]]:
+    """{(label(row), cache, reads | writes): [rows within 10% / 1 MiB, rows]}."""
     counts: dict[tuple[str, str, str], list[int]] = {}
-    for c in compare(load(SWEEP_FOLDER / f"{sweep}_{mode}.json"), implementations=("naive",), sweep=sweep):
-        if c.subset == "fit":
-            continue
+    for c in comparisons:
         for key, name in (("dram_read_bytes", "reads"), ("dram_write_bytes", "writes")):
-            cell = counts.setdefault((c.kernel, mode, name), [0, 0])
+            cell = counts.setdefault((label(c), c.cache, name), [0, 0])
             cell[0] += c.ok(key)
             cell[1] += 1
     return counts
