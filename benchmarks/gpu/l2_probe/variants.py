@@ -57,6 +57,7 @@ class L2Variant(L2Cache):
     reread_floor: float = 0.0
     victim_window: int = 1
     kernel_fill_weights: dict = attrs.field(factory=dict)
+    dirty_read_weight: float = 1.0
     _base_fill_weight: float = 0.0
     _evicting: bool = False
     _random: random.Random = attrs.field(factory=lambda: random.Random(0))
@@ -86,7 +87,7 @@ class L2Variant(L2Cache):
             self._blocks.move_to_end(key)
             self._evict()
             return
-        held = nbytes * self.dirty_weight * (self.cohort_weight if count > 1 else 1.0)
+        held = nbytes * self.dirty_weight * self.dirty_read_weight * (self.cohort_weight if count > 1 else 1.0)
         self._resident_cost += held - block[2]
         block[2] = held
         self._flow(key[0])[0] += nbytes * count
@@ -184,6 +185,9 @@ VARIANTS = {
     "random-victim-32": dict(victim_window=32),
     "pv-fill-1": dict(kernel_fill_weights={"gemm_pv": 1.0}),
     "pv-fill-0.6": dict(kernel_fill_weights={"gemm_pv": 0.6}),
+    "dirty-read-1.1": dict(dirty_read_weight=1.1),
+    "dirty-read-1.25": dict(dirty_read_weight=1.25),
+    "dirty-read-1.5": dict(dirty_read_weight=1.5),
 }
 
 
