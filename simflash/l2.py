@@ -15,8 +15,8 @@ block leaves it where it is in the order (a clean block read again moves to the 
 one kernel wrote for the next to read once (S, P) gives way first once it has been read, not the blocks
 still waiting to be (measured: the naive softmax finds S in the L2 whenever it fits beside Q and K).
 Capacity is the *effective* capacity one kernel's stream can use, a fitted figure (see the machine
-files), not the nameplate size. `flush` writes every dirty block back outside any kernel and empties the cache: a
-read-only sweep over a large buffer does this once before a run ("warm"). ncu's `--cache-control all`
+files), not the nameplate size. `flush` writes every dirty block back outside any kernel and empties the
+cache: a read-only sweep over a large buffer does this once before a run ("warm"). ncu's `--cache-control all`
 before every kernel ("cold") does it too, except that `flush_residue_bytes` of dirty lines are still
 waiting to be written back when the kernel starts (measured on an H200: a read-only kernel after a
 48 MiB write shows 2.3 MiB of DRAM writes, benchmarks/gpu/write_sources.json). `flush(residue=True)`
