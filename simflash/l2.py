@@ -102,18 +102,20 @@ class L2Cache:
     _residue_left: int = 0  # bytes of the flush residue still dirty in the cache
     _filled: int = 0  # bytes brought in (read misses and writes, at full size) since the flush
 
-    def read(self, key: BlockKey, nbytes: int, count: int = 1) -> None:
+    def read(self, key: BlockKey, nbytes: int, count: int = 1, shared: bool = False) -> None:
         """`count` back-to-back reads of a block (CTAs in lock-step): the first may miss, the rest hit. A
         block one CTA fills holds `read_fill_weight` of its size until it is read again, then all of it;
-        a block a cohort reads (count > 1) holds `cohort_weight` of it."""
+        a block a cohort reads (count > 1), or that several CTAs read at once though counted once
+        (`shared`), holds `cohort_weight` of it."""
         flow = self._flows.get((self.kernel, key[0])) or self._flow(key[0])  # type: ignore[arg-type]  # _flow inlined: the hot path
         block = self._blocks.get(key)
+        shared = shared or count > 1
         if block is None:
             flow[1] += nbytes
             flow[0] += nbytes * (count - 1)
-            self._insert(key, nbytes, dirty=False, cost=nbytes * (self.read_fill_weight if count == 1 else self.cohort_weight))
+            self._insert(key, nbytes, dirty=False, cost=nbytes * (self.cohort_weight if shared else self.read_fill_weight))
             return
-        held = nbytes * (self.cohort_weight if count > 1 else 1.0)
+        held = nbytes * (self.cohort_weight if shared else 1.0)
         if held != block[2]:
             self._resident_cost += held - block[2]
             block[2] = held
@@ -225,9 +227,9 @@ class L2Mixture(_CacheGroup):
     def capacity_bytes(self) -> float:
         return sum(c.capacity_bytes for c in self.caches) / len(self.caches)
 
-    def read(self, key: BlockKey, nbytes: int, count: int = 1) -> None:
+    def read(self, key: BlockKey, nbytes: int, count: int = 1, shared: bool = False) -> None:
         for cache in self.caches:
-            cache.read(key, nbytes, count)
+            cache.read(key, nbytes, count, shared)
 
     def write(self, key: BlockKey, nbytes: int) -> None:
         for cache in self.caches:
@@ -262,9 +264,9 @@ class L2Sets(_CacheGroup):
     def capacity_bytes(self) -> float:
         return sum(c.capacity_bytes for c in self.caches)
 
-    def read(self, key: BlockKey, nbytes: int, count: int = 1) -> None:
+    def read(self, key: BlockKey, nbytes: int, count: int = 1, shared: bool = False) -> None:
         for cache, stripe, size in self._stripes(key, nbytes):
-            cache.read(stripe, size, count)
+            cache.read(stripe, size, count, shared)
 
     def write(self, key: BlockKey, nbytes: int) -> None:
         for cache, stripe, size in self._stripes(key, nbytes):

@@ -228,18 +228,19 @@ class HBM:
             if self.log is not None:
                 self.log.kernel = None
 
-    def read(self, tensor: str, index: tuple = (...,)) -> np.ndarray:
+    def read(self, tensor: str, index: tuple = (...,), *, shared: bool = False) -> np.ndarray:
         """Move `tensor[index]` to the chip: counts its bytes, returns a float32 copy that nothing on
         chip holds. Tiled kernels use `sram.load` instead, which reads through here and holds the tile
-        in shared memory; their CTAs' HBM view refuses this call (see the module docstring)."""
-        return self._fetch(tensor, index)
+        in shared memory; their CTAs' HBM view refuses this call (see the module docstring). `shared`:
+        a read several CTAs make at once, counted once (the L2 holds it as data every SM reads)."""
+        return self._fetch(tensor, index, shared)
 
-    def _fetch(self, tensor: str, index: tuple = (...,)) -> np.ndarray:
+    def _fetch(self, tensor: str, index: tuple = (...,), shared: bool = False) -> np.ndarray:
         """The transfer behind `read` and `sram.load`."""
         stored = self._stored(tensor)
         index = _basic_index(tensor, index)
         block = self._float32.get(tensor, stored)[index].astype(STATE_DTYPE)  # a float32 copy
-        self._count(self._read, tensor, block.size * stored.itemsize, index)
+        self._count(self._read, tensor, block.size * stored.itemsize, index, shared)
         return block
 
     def write(self, tensor: str, index: tuple | slice, values: np.ndarray | float) -> None:
@@ -326,7 +327,8 @@ class HBM:
         if twin is not None:
             twin[index] = self._tensors[tensor][index]
 
-    def _count(self, counter: dict[LedgerKey, int], tensor: str, nbytes: int, index: tuple = (...,)) -> None:
+    def _count(self, counter: dict[LedgerKey, int], tensor: str, nbytes: int, index: tuple = (...,),
+               shared: bool = False) -> None:
         if self._kernel is None:
             raise RuntimeError(f"HBM transfer of {tensor!r} outside a kernel: wrap it in `with hbm.kernel(name):`")
         key = (self._kernel, tensor)
@@ -336,7 +338,7 @@ class HBM:
         if self.l2 is not None:
             block = _block_key(tensor, index)
             if counter is self._read:
-                self.l2.read(block, nbytes)
+                self.l2.read(block, nbytes, shared=shared)
             else:
                 self.l2.write(block, nbytes)
 
@@ -362,7 +364,7 @@ class TiledHBM:
     def itemsize(self, tensor: str) -> int:
         return self._hbm.itemsize(tensor)
 
-    def read(self, tensor: str, index: tuple = (...,)) -> np.ndarray:
+    def read(self, tensor: str, index: tuple = (...,), *, shared: bool = False) -> np.ndarray:
         raise DirectReadError(
             f"hbm.read({tensor!r}, ...) inside a tiled kernel's CTA: the tile would land on chip without "
             f"being held, out of sight of the SRAM capacity check; load it with "

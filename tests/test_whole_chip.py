@@ -75,6 +75,21 @@ def test_a_read_leaves_a_dirty_block_where_it_was_a_clean_one_moves_to_the_end()
     assert l2.traffic().ledger["k", "K"].hit_bytes == 2 * 1024
 
 
+def test_a_shared_read_counts_once_and_holds_the_cohort_weight():
+    """A block several CTAs read at once but the ledger counts once (the P V GEMM's chunks of V) holds the
+    cohort weight, not the read-fill weight: here all of its 40 bytes, so a 60-byte write overflows the
+    100-byte cache and evicts it; read by one CTA it would hold 10 and stay."""
+    for shared, hit in ((True, 0), (False, 40)):
+        l2 = L2Cache(capacity_bytes=100, read_fill_weight=0.25, cohort_weight=1.0)
+        l2.kernel = "k"
+        l2.read(("V", 0, 0), 40, shared=shared)
+        l2.read(("Q", 0, 0), 40)
+        l2.write(("S", 0, 0), 60)
+        l2.read(("V", 0, 0), 40)
+        flow = l2.traffic().ledger["k", "V"]
+        assert (flow.read_bytes, flow.hit_bytes) == (80, hit)
+
+
 def test_a_mixture_keeps_data_reused_between_its_capacities_half_the_time():
     """A stream of 100 bytes read twice: caches of 90 and 110 bytes miss and hit the second pass; their
     mixture reads half of it again. The logical bytes are every cache's; the flush residue is carried
@@ -443,6 +458,7 @@ def test_the_pv_gemm_walks_p_a_column_chunk_at_a_time_and_writes_o_a_wave_at_a_t
     assert [len(writes[1]), len(writes[3])] == [4, 4]
     assert sum(a.nbytes for w in writes.values() for a in w) == 1024 * 128 * 2
     assert [a.key for a in program.stream(0)] == [("V", 0, 0)] + [("P", 0, r, 0) for r in (0, 128, 256, 384)]
+    assert [a.shared for a in program.stream(0)] == [True] + [False] * 4  # every CTA of the wave reads V's chunk
     assert [a.key for a in program.stream(2)] == [("P", 0, r, 0) for r in (512, 640, 768, 896)]
     assert all(a.nbytes == 128 * 512 * 2 for a in program.stream(2))
     assert gemm_pv_wave_rows(sf.GPUS["H200"]) == 132 * 256

@@ -113,8 +113,8 @@ def gemm_pv_cta(gpu: SimulatedGPU, sched: TileSchedule, scale: float, cta: CTA, 
         blocks = _row_blocks(sched, hbm.itemsize("P"), wave)
         O_w = np.zeros((wave.stop - wave.start, V.shape[1]), dtype=V.dtype)  # (wave rows, d) accumulated
         for k, cols in enumerate(chunks):
-            if w == 0:  # later waves' reads of V hit the L2: counted once, as the logical model does
-                V[cols] = hbm.read("V", (h_kv, cols))
+            if w == 0:  # every CTA of the wave reads it; later waves' reads hit: counted once, as the logical model does
+                V[cols] = hbm.read("V", (h_kv, cols), shared=True)
             for rows in blocks:  # the dense GEMM multiplies every chunk; it reads only the stored pieces
                 stored = None if permitted is None else permitted[rows, cols]
                 read = stored is None or stored.any()
@@ -178,7 +178,7 @@ def naive_program(kernel: str, sched: TileSchedule, cta: CTA, d: int, itemsize: 
         reads = (Access(block_key("P", h, rows, chunks[k]), int(pieces[first + b, k]))
                  for b, rows in enumerate(wave_blocks) if pieces[first + b, k])
         ending = wave_blocks if k == len(chunks) - 1 else ()  # the wave's tiles of O go out
-        v = (Access(block_key("V", h_kv, chunks[k]), rows_bytes(chunks[k])),) if t < len(chunks) else ()
+        v = (Access(block_key("V", h_kv, chunks[k]), rows_bytes(chunks[k]), shared=True),) if t < len(chunks) else ()
         return (*v, *reads, *(Access(block_key("O", h, rows), rows_bytes(rows), True) for rows in ending))
 
     return CTAProgram(cta, pv_step)

@@ -67,14 +67,14 @@ class L2Variant(L2Cache):
     def __attrs_post_init__(self):
         self._base_fill_weight = self.read_fill_weight
 
-    def read(self, key, nbytes, count=1):
+    def read(self, key, nbytes, count=1, shared=False):
         if self.kernel_fill_weights:
             self.read_fill_weight = self.kernel_fill_weights.get(self.kernel, self._base_fill_weight)
         block = self._blocks.get(key)
         if block is None or not (block[1] or self.shared_rereads):
             flow = self._flow(key[0])
             hits = flow[0]
-            super().read(key, nbytes, count)
+            super().read(key, nbytes, count, shared)
             if block is not None and count == 1 and self._evicting and self.reread_floor:
                 missed = round(nbytes * self.reread_floor)
                 flow[0] = hits + nbytes - missed
@@ -87,7 +87,7 @@ class L2Variant(L2Cache):
             self._blocks.move_to_end(key)
             self._evict()
             return
-        held = nbytes * self.dirty_weight * self.dirty_read_weight * (self.cohort_weight if count > 1 else 1.0)
+        held = nbytes * self.dirty_weight * self.dirty_read_weight * (self.cohort_weight if count > 1 or shared else 1.0)
         self._resident_cost += held - block[2]
         block[2] = held
         self._flow(key[0])[0] += nbytes * count

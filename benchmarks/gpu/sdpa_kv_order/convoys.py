@@ -39,9 +39,9 @@ class MissCounter:
         self.caches = getattr(l2, "caches", (l2,))
         self.missed = 0.0
 
-    def read(self, key, nbytes: int, count: int = 1) -> None:
+    def read(self, key, nbytes: int, count: int = 1, shared: bool = False) -> None:
         self.missed += sum(key not in cache._blocks for cache in self.caches) * nbytes / len(self.caches)
-        self.l2.read(key, nbytes, count)
+        self.l2.read(key, nbytes, count, shared)
 
     def write(self, key, nbytes: int) -> None:
         self.l2.write(key, nbytes)

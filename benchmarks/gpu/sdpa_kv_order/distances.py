@@ -31,14 +31,14 @@ class DistanceCache(L2Cache):
     last_read: dict = attrs.field(factory=dict)
     distances: list = attrs.field(factory=list)  # (distance, bytes)
 
-    def read(self, key, nbytes, count=1):
+    def read(self, key, nbytes, count=1, shared=False):
         self.served += nbytes
         last = self.last_read.get(key)
         self.last_read[key] = self.served
         block = self._blocks.get(key)
         if last is not None and count == 1 and (block is None or not block[1]):
             self.distances.append((self.served - last, nbytes))
-        super().read(key, nbytes, count)
+        super().read(key, nbytes, count, shared)
 
     def write(self, key, nbytes):
         self.served += nbytes

@@ -32,7 +32,7 @@ class SRRIPCache(L2Cache):
     _levels: list = attrs.field(factory=lambda: [OrderedDict() for _ in range(4)])  # value -> blocks, oldest first
     _value: dict = attrs.field(factory=dict)
 
-    def read(self, key, nbytes, count=1):
+    def read(self, key, nbytes, count=1, shared=False):
         flow = self._flow(key[0])
         if key in self._blocks:
             flow[0] += nbytes * count
