@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from probe import BLOCK, GRID, MiB, SOURCE, chunks, profile, run
+from probe import BLOCK, GRID, MiB, SOURCE, chunks, kernel_row, profile, run
 
 WRITTEN = (16, 24, 28, 32)  # MiB written, then read back
 SPINS = (0, 256, 2048)  # dependent FP32 operations after each 16-byte load of the read back
@@ -75,11 +75,7 @@ def main(out: Path) -> None:
                 steps = 2 if pattern == "reread" else 3
                 group = kernels[at:at + steps]
                 at += steps
-                rows.append({"pattern": pattern, "x_mib": x, "spin": spin,
-                             "kernels": [{"name": k["name"].split("(")[0],
-                                          "dram_read_bytes": k["metrics"].get("dram__bytes_read.sum"),
-                                          "dram_write_bytes": k["metrics"].get("dram__bytes_write.sum"),
-                                          "time_ns": k["metrics"].get("gpu__time_duration.sum")} for k in group]})
+                rows.append({"pattern": pattern, "x_mib": x, "spin": spin, "kernels": [kernel_row(k) for k in group]})
     if at != len(kernels):
         raise RuntimeError(f"{len(kernels)} probe kernels profiled, {at} expected")
     (out / "pace.json").write_text(json.dumps({"command": command, "rows": rows}, indent=1))

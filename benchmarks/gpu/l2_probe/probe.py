@@ -124,14 +124,17 @@ def rows_from_csv(text: str) -> list[dict]:
         for x, y in sizes:
             group = kernels[at:at + steps]
             at += steps
-            rows.append({"pattern": pattern, "x_mib": x, "y_mib": y,
-                         "kernels": [{"name": k["name"].split("(")[0],
-                                      "dram_read_bytes": k["metrics"].get("dram__bytes_read.sum"),
-                                      "dram_write_bytes": k["metrics"].get("dram__bytes_write.sum"),
-                                      "time_ns": k["metrics"].get("gpu__time_duration.sum")} for k in group]})
+            rows.append({"pattern": pattern, "x_mib": x, "y_mib": y, "kernels": [kernel_row(k) for k in group]})
     if at != len(kernels):
         raise RuntimeError(f"{len(kernels)} probe kernels profiled, {at} expected")
     return rows
+
+
+def kernel_row(kernel: dict) -> dict:
+    """A profiled kernel's name, DRAM bytes read and written and duration, as the probes' JSON holds them."""
+    return {"name": kernel["name"].split("(")[0], "dram_read_bytes": kernel["metrics"].get("dram__bytes_read.sum"),
+            "dram_write_bytes": kernel["metrics"].get("dram__bytes_write.sum"),
+            "time_ns": kernel["metrics"].get("gpu__time_duration.sum")}
 
 
 def main(out: Path) -> None:
