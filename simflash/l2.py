@@ -16,13 +16,13 @@ one kernel wrote for the next to read once (S, P) gives way first once it has be
 still waiting to be (measured: the naive softmax finds S in the L2 whenever it fits beside Q and K).
 Capacity is the *effective* capacity one kernel's stream can use, a fitted figure (see the machine
 files), not the nameplate size. `flush` writes every dirty block back outside any kernel and empties the
-cache: a read-only sweep over a large buffer does this once before a run ("warm"). ncu's `--cache-control all`
-before every kernel ("cold") does it too, except that `flush_residue_bytes` of dirty lines are still
-waiting to be written back when the kernel starts (measured on an H200: a read-only kernel after a
-48 MiB write shows 2.3 MiB of DRAM writes, benchmarks/gpu/write_sources.json). `flush(residue=True)`
-leaves them dirty beside the kernel's data: once the bytes the kernel has brought in overflow the room
-beside them, they are written back in proportion over the next `residue_ramp_bytes` (all at once where
-that is 0), under the tensor name RESIDUE, counted against the kernel.
+cache: a read-only sweep over a large buffer does this once before a run ("warm"). ncu's
+`--cache-control all` before every kernel ("cold") does it too, except that `flush_residue_bytes` of
+dirty lines are still waiting to be written back when the kernel starts (measured on an H200: a
+read-only kernel after a 48 MiB write shows 2.3 MiB of DRAM writes, benchmarks/gpu/write_sources.json).
+`flush(residue=True)` leaves them dirty beside the kernel's data: once the bytes the kernel has brought
+in overflow the room beside them, they are written back in proportion over the next `residue_ramp_bytes`
+(all at once where that is 0), under the tensor name RESIDUE, counted against the kernel.
 
 `L2Sets` divides the capacity into hashed sets, each such a cache holding its share: a block is spread
 over the sets in stripes (as a tile's lines are over the real L2's sets) and each stripe is replaced

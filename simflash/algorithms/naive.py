@@ -168,16 +168,14 @@ def naive_program(kernel: str, sched: TileSchedule, cta: CTA, d: int, itemsize: 
         return CTAProgram(cta, lambda t: (Access(block_key("S", h, blocks[t]), score_bytes(blocks[t])),
                                           *(Access(block_key("P", h, blocks[t], cols), int(pieces[t, k]), True)
                                             for k, cols in enumerate(chunks) if pieces[t, k])))
-    waves = _waves(sched, wave_rows)
-    first_block = {wave.start: blocks.index(_row_blocks(sched, itemsize, wave)[0]) for wave in waves}
+    # each wave's row blocks, with their index into `blocks` (a wave holds whole blocks)
+    waves = [[(b, rows) for b, rows in enumerate(blocks) if wave.start <= rows.start < wave.stop]
+             for wave in _waves(sched, wave_rows)]
 
     def pv_step(t: int) -> tuple[Access, ...]:
         wave, k = waves[t // len(chunks)], t % len(chunks)
-        wave_blocks = _row_blocks(sched, itemsize, wave)
-        first = first_block[wave.start]
-        reads = (Access(block_key("P", h, rows, chunks[k]), int(pieces[first + b, k]))
-                 for b, rows in enumerate(wave_blocks) if pieces[first + b, k])
-        ending = wave_blocks if k == len(chunks) - 1 else ()  # the wave's tiles of O go out
+        reads = (Access(block_key("P", h, rows, chunks[k]), int(pieces[b, k])) for b, rows in wave if pieces[b, k])
+        ending = [rows for _, rows in wave] if k == len(chunks) - 1 else ()  # the wave's tiles of O go out
         v = (Access(block_key("V", h_kv, chunks[k]), rows_bytes(chunks[k]), shared=True),) if t < len(chunks) else ()
         return (*v, *reads, *(Access(block_key("O", h, rows), rows_bytes(rows), True) for rows in ending))
 
