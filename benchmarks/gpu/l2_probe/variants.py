@@ -2,6 +2,7 @@
 none of them kept: the scores docs/physical.md quotes for them.
 
     python benchmarks/gpu/l2_probe/variants.py [VARIANT ...] [--sweeps] [--sdpa] [--probe-rows] [--heads] [--naive]
+                                                [--flash]
 
 Per variant: the probe's kernel rows predicted (DRAM bytes read and written, within 10% / 1 MiB, and the
 absolute error in MiB), and the calibration sweep's fit rows within 10% / 1 MiB (naive and simflash's
@@ -11,7 +12,8 @@ FA-2 kernel, reads and writes, cold and warm: 256 in all), as the model's own fi
 written, predicted / measured. A variant with `pv_tiles` also plays the naive path's P V GEMM as
 pv_tiles.py lays it out. With --heads, the heads probe's causal grids at d = 128 (sdpa_kv_order/heads.json):
 DRAM MiB read beyond Q + K + V per head, predicted / measured. With --naive, only the naive path's rows
-no figure was fitted on (the eight sweeps less the calibration fit set), by kernel, cold and warm.
+no figure was fitted on (the eight sweeps less the calibration fit set), by kernel, cold and warm; with
+--flash, those rows of simflash's FA-2 kernel and PyTorch SDPA's.
 """
 
 import json
@@ -25,6 +27,7 @@ from pathlib import Path
 import attrs
 
 import pv_tiles
+import simflash.grid as grid
 import simflash.model.physical as physical
 from simflash.config import MiB, gpu_spec
 from simflash.l2 import RESIDUE, L2Cache, L2Mixture, L2Sets
@@ -46,8 +49,14 @@ class L2Variant(L2Cache):
     holding the cohort weight (data several SMs read) rather than only when a cohort reads it in one step;
     `reread_floor`: once the cache has evicted, that share of a clean block's hit by one CTA (a re-read)
     misses, as if the replacement sometimes picked live lines (SDPA's causal floor, floor.py);
-    `victim_window`: the block evicted drawn at random (seeded) among that many least recently used;
-    `kernel_fill_weights`: the read-fill weight in the kernels it names, in place of `read_fill_weight`."""
+    `victim_window`: the block evicted drawn at random (seeded) among that many least recently used, and
+    `kernel_victim_windows` in the kernels it names; `kernel_fill_weights`: the read-fill weight in the
+    kernels it names, in place of `read_fill_weight`; `dirty_read_weight`: the share of its size a dirty block
+    read holds; `reread_weight`: the share a clean block read again by one CTA holds (1: all of it);
+    `dirty_read_demotes`: a read of a dirty block moving it to the least recently used end (evicted next);
+    `stale_random`: the blocks an earlier kernel left, until this one writes them or reads them clean, evicted
+    before any other and in random order (seeded), in the kernels `stale_kernels` names (every kernel where
+    empty)."""
 
     dirty_limit: float = float("inf")
     dirty_weight: float = 1.0
@@ -57,7 +66,14 @@ class L2Variant(L2Cache):
     reread_floor: float = 0.0
     victim_window: int = 1
     kernel_fill_weights: dict = attrs.field(factory=dict)
+    kernel_victim_windows: dict = attrs.field(factory=dict)
     dirty_read_weight: float = 1.0
+    reread_weight: float = 1.0
+    dirty_read_demotes: bool = False
+    stale_random: bool = False
+    stale_kernels: tuple = ()  # with stale_random: only in these kernels (all where empty)
+    _stale: set = attrs.field(factory=set)  # blocks an earlier kernel left and this one has not renewed
+    _stale_order: list = attrs.field(factory=list)  # them, shuffled: the order they are evicted in
     _base_fill_weight: float = 0.0
     _evicting: bool = False
     _random: random.Random = attrs.field(factory=lambda: random.Random(0))
@@ -68,10 +84,12 @@ class L2Variant(L2Cache):
         self._base_fill_weight = self.read_fill_weight
 
     def read(self, key, nbytes, count=1, shared=False):
+        if key in self._stale and not self._blocks[key][1]:  # a clean block read again is this kernel's
+            self._stale.discard(key)
         if self.kernel_fill_weights:
             self.read_fill_weight = self.kernel_fill_weights.get(self.kernel, self._base_fill_weight)
         block = self._blocks.get(key)
-        if block is None or not (block[1] or self.shared_rereads):
+        if block is None or not (block[1] or self.shared_rereads or self.reread_weight != 1.0):
             flow = self._flow(key[0])
             hits = flow[0]
             super().read(key, nbytes, count, shared)
@@ -81,8 +99,9 @@ class L2Variant(L2Cache):
                 flow[1] += missed
             return
         if not block[1]:  # a clean block read again: data several SMs read
-            self._resident_cost += nbytes * self.cohort_weight - block[2]
-            block[2] = nbytes * self.cohort_weight
+            held = nbytes * (self.cohort_weight if self.shared_rereads or count > 1 or shared else self.reread_weight)
+            self._resident_cost += held - block[2]
+            block[2] = held
             self._flow(key[0])[0] += nbytes * count
             self._blocks.move_to_end(key)
             self._evict()
@@ -94,9 +113,14 @@ class L2Variant(L2Cache):
         if self.dirty_read_renews:
             self._blocks.move_to_end(key)
             self._dirty.move_to_end(key)
+        elif self.dirty_read_demotes:
+            self._blocks.move_to_end(key, last=False)
+            if key in self._dirty:
+                self._dirty.move_to_end(key, last=False)
         self._evict()
 
     def write(self, key, nbytes):
+        self._stale.discard(key)
         self._flow(key[0])[4] += nbytes
         block = self._blocks.pop(key, None)
         if block is not None:
@@ -112,8 +136,17 @@ class L2Variant(L2Cache):
         self._clean()
         self._evict()
 
+    def end_kernel(self):
+        super().end_kernel()
+        if self.stale_random:  # what this kernel leaves, the next evicts in no order of its own
+            self._stale = set(self._blocks)
+            self._stale_order = list(self._blocks)
+            self._random.shuffle(self._stale_order)
+
     def flush(self, residue=False):
         super().flush(residue and not self.residue_blocks)
+        self._stale.clear()
+        self._stale_order.clear()
         self._evicting = False
         self._dirty.clear()
         self._dirty_bytes = 0
@@ -140,16 +173,87 @@ class L2Variant(L2Cache):
     def _evict(self):
         while self._resident_cost > self.capacity_bytes and self._blocks:
             self._evicting = True
-            if self.victim_window > 1:
-                oldest = list(islice(self._blocks, self.victim_window))
+            window = self.kernel_victim_windows.get(self.kernel, self.victim_window)
+            key = None
+            while self._stale_order and key is None and (not self.stale_kernels or self.kernel in self.stale_kernels):
+                candidate = self._stale_order.pop()
+                key = candidate if candidate in self._stale else None
+            if key is not None:
+                nbytes, dirty, cost = self._blocks.pop(key)
+            elif window > 1:
+                oldest = list(islice(self._blocks, window))
                 key = oldest[self._random.randrange(len(oldest))]
                 nbytes, dirty, cost = self._blocks.pop(key)
             else:
                 key, (nbytes, dirty, cost) = self._blocks.popitem(last=False)
+            self._stale.discard(key)
             self._resident_cost -= cost
             if dirty:
                 self._flow(key[0])[2] += nbytes
                 self._forget_dirty(key)
+
+
+CLOCK = [0]  # time steps of the lock-step schedule played so far (what L2Segmented tells a later hit by)
+_lockstep = grid.lockstep
+
+
+def _ticking_lockstep(*args, **kwargs):
+    for time, cohorts in _lockstep(*args, **kwargs):
+        CLOCK[0] += 1
+        yield time, cohorts
+
+
+grid.lockstep = _ticking_lockstep  # run_programs looks it up at each call: every variant's runs tick the clock
+
+
+@attrs.define
+class L2Segmented(L2Cache):
+    """A segmented LRU: the model's cache (probation) beside a protected segment of `protected_bytes`. A
+    clean block found again at a later time step than its last access (not a cohort's same-step reads) moves
+    to the protected segment's most recent end; the protected segment's least recently used block goes back
+    to probation's most recent end; only probation evicts. Data re-read often (SDPA's causal K and V, a tile
+    every few steps) stays longer than a stream read once or a cohort's tile read once a wave."""
+
+    protected_bytes: float = 0.0
+    _protected: OrderedDict = attrs.field(factory=OrderedDict)  # key -> [nbytes, cost]
+    _protected_cost: float = 0.0
+    _seen: dict = attrs.field(factory=dict)  # key -> time step of its last read
+
+    def read(self, key, nbytes, count=1, shared=False):
+        now, last = CLOCK[0], self._seen.get(key)
+        self._seen[key] = now
+        if key in self._protected:
+            self._protected.move_to_end(key)
+            self._flow(key[0])[0] += nbytes * count
+            return
+        block = self._blocks.get(key)
+        if block is None or block[1] or last is None or last == now:
+            super().read(key, nbytes, count, shared)
+            return
+        del self._blocks[key]
+        self._resident_cost -= block[2]
+        self._flow(key[0])[0] += nbytes * count
+        cost = nbytes * (self.cohort_weight if count > 1 or shared else 1.0)
+        self._protected[key] = [nbytes, cost]
+        self._protected_cost += cost
+        while self._protected_cost > self.protected_bytes:
+            demoted, (size, held) = self._protected.popitem(last=False)
+            self._protected_cost -= held
+            self._blocks[demoted] = [size, False, held]
+            self._resident_cost += held
+        self._evict()
+
+    def write(self, key, nbytes):
+        entry = self._protected.pop(key, None)
+        if entry is not None:
+            self._protected_cost -= entry[1]
+        super().write(key, nbytes)
+
+    def flush(self, residue=False):
+        super().flush(residue)
+        self._protected.clear()
+        self._protected_cost = 0.0
+        self._seen.clear()
 
 
 # The machine file's model (hashed sets), then each variant's changes to it (capacities in MiB: one with `sets`,
@@ -178,6 +282,9 @@ VARIANTS = {
     "sets-32-114": dict(capacities=(32,), sets=114, stripe_kib=16),
     "sets-28.5-114": dict(capacities=(28.5,), sets=114, stripe_kib=16),
     "sets-30-57": dict(capacities=(30,), sets=57, stripe_kib=16),
+    "sets-29-57": dict(capacities=(29,), sets=57, stripe_kib=16),
+    "sets-28-57": dict(capacities=(28,), sets=57, stripe_kib=16),
+    "sets-27.5-57": dict(capacities=(27.5,), sets=57, stripe_kib=16),
     "dirty-read-renews": dict(dirty_read_renews=True),
     "pv-tiles": dict(pv_tiles=True),
     "fill-0.5": dict(read_fill_weight=0.5),
@@ -190,6 +297,25 @@ VARIANTS = {
     "dirty-read-1.1": dict(dirty_read_weight=1.1),
     "dirty-read-1.25": dict(dirty_read_weight=1.25),
     "dirty-read-1.5": dict(dirty_read_weight=1.5),
+    "dirty-read-demotes": dict(dirty_read_demotes=True),
+    "demotes-pv-fill-1": dict(dirty_read_demotes=True, kernel_fill_weights={"gemm_pv": 1.0}),
+    "demotes-pv-fill-0.75": dict(dirty_read_demotes=True, kernel_fill_weights={"gemm_pv": 0.75}),
+    "demotes-pv-fill-0.5": dict(dirty_read_demotes=True, kernel_fill_weights={"gemm_pv": 0.5}),
+    "pv-random-fill-1": dict(kernel_fill_weights={"gemm_pv": 1.0}, kernel_victim_windows={"gemm_pv": 64}),
+    "pv-random-fill-0.75": dict(kernel_fill_weights={"gemm_pv": 0.75}, kernel_victim_windows={"gemm_pv": 64}),
+    "pv-random-16-fill-1": dict(kernel_fill_weights={"gemm_pv": 1.0}, kernel_victim_windows={"gemm_pv": 16}),
+    "sets-32-dirty-27": dict(capacities=(32,), dirty_limit=27),
+    "sets-36-dirty-28": dict(capacities=(36,), dirty_limit=28),
+    "reread-0.5": dict(reread_weight=0.5),
+    "stale-random": dict(stale_random=True),
+    "stale-random-pv-fill-0.5": dict(stale_random=True, kernel_fill_weights={"gemm_pv": 0.5}),
+    "stale-random-in-pv": dict(stale_random=True, stale_kernels=("gemm_pv",)),
+    "stale-random-in-pv-fill-0.5": dict(stale_random=True, stale_kernels=("gemm_pv",),
+                                        kernel_fill_weights={"gemm_pv": 0.5}),
+    "stale-random-in-pv-fill-0.75": dict(stale_random=True, stale_kernels=("gemm_pv",),
+                                         kernel_fill_weights={"gemm_pv": 0.75}),
+    "slru-8": dict(protected_mib=8),
+    "slru-12": dict(protected_mib=12),
 }
 
 
@@ -200,7 +326,8 @@ def l2_of(variant: dict):
         cal = gpu.calibration
         options = {"read_fill_weight": cal["l2_read_fill_weight"], "flush_residue_bytes": int(cal["l2_flush_residue_bytes"]),
                    "residue_ramp_bytes": cal["l2_residue_ramp_bytes"], "cohort_weight": cal["l2_cohort_weight"],
-                   **{k: v for k, v in variant.items() if k not in ("capacities", "pv_tiles", "sets", "stripe_kib")}}
+                   **{k: v for k, v in variant.items()
+                      if k not in ("capacities", "pv_tiles", "sets", "stripe_kib", "protected_mib")}}
         options["dirty_limit"] = options.get("dirty_limit", float("inf")) * MiB
         if "capacities" in variant and "sets" not in variant:
             return L2Mixture(tuple(L2Variant(c * MiB, **options) for c in variant["capacities"]))
@@ -209,6 +336,12 @@ def l2_of(variant: dict):
         stripe_bytes = variant["stripe_kib"] * 1024 if "stripe_kib" in variant else int(cal["l2_stripe_bytes"])
         options["flush_residue_bytes"] //= sets
         options["residue_ramp_bytes"] /= sets
+        options["dirty_limit"] /= sets  # each set caps its share of the dirty bytes
+        if "protected_mib" in variant:  # the model's sets, each with its share of a protected segment
+            return L2Sets(tuple(L2Segmented(capacity * MiB / sets, options["read_fill_weight"],
+                                            options["flush_residue_bytes"], options["residue_ramp_bytes"],
+                                            options["cohort_weight"], protected_bytes=variant["protected_mib"] * MiB / sets)
+                                for _ in range(sets)), stripe_bytes)
         return L2Sets(tuple(L2Variant(capacity * MiB / sets, **options) for _ in range(sets)), stripe_bytes)
 
     return make
@@ -257,11 +390,12 @@ def sweep_rows(sweep: str, subset: str | None = None, sdpa: bool = False, modes:
                   if subset is None or c.subset == subset), lambda c: c.implementation)
 
 
-def naive_kernel_rows(sweep: str, mode: str) -> dict[tuple[str, str, str], list[int]]:
-    """{(kernel, cache, reads | writes): [rows within 10% / 1 MiB, rows]} of a sweep's naive rows outside the
-    calibration fit set."""
-    return tally((c for c in compare(load(SWEEP_FOLDER / f"{sweep}_{mode}.json"), implementations=("naive",), sweep=sweep)
-                  if c.subset != "fit"), lambda c: c.kernel)
+def unseen_rows(sweep: str, mode: str, implementations: tuple[str, ...]) -> dict[tuple[str, str, str], list[int]]:
+    """{(kernel, or implementation where not naive; cache; reads | writes): [rows within 10% / 1 MiB, rows]} of
+    a sweep's rows of `implementations` outside the calibration fit set."""
+    return tally((c for c in compare(load(SWEEP_FOLDER / f"{sweep}_{mode}.json"), implementations=implementations,
+                                     sweep=sweep) if c.subset != "fit"),
+                 lambda c: c.kernel if c.implementation == "naive" else c.implementation)
 
 
 def tally(comparisons, label) -> dict[tuple[str, str, str], list[int]]:
@@ -282,20 +416,22 @@ def show(counts: dict[tuple[str, str, str], list[int]]) -> str:
     return f"{within} of {rows}  ({cells})"
 
 
-def main(names: list[str], sweeps: bool, sdpa: bool, show_rows: bool, heads: bool = False, naive: bool = False
-         ) -> None:
+def main(names: list[str], sweeps: bool, sdpa: bool, show_rows: bool, heads: bool = False, naive: bool = False,
+         flash: bool = False) -> None:
     model_naive = physical._naive
     for name in names or list(VARIANTS):
         variant = VARIANTS[name]
         physical.l2_cache = l2_of(variant)  # what predict() builds its L2 with
         physical._naive = pv_tiles.naive if variant.get("pv_tiles") else model_naive
-        if naive:
+        if naive or flash:
+            implementations = ("naive",) if naive else ("fa2", "sdpa_flash")
             with Pool(2) as pool:
-                table = summed(pool.starmap(naive_kernel_rows, [(s, m) for s in REGIME_SWEEPS for m in ("cold", "warm")]))
+                table = summed(pool.starmap(unseen_rows, [(s, m, implementations) for s in REGIME_SWEEPS
+                                                          for m in ("cold", "warm")]))
             by_cache = summed([{(m, k): cell} for (_, m, k), cell in table.items()])
-            print(f"{name}: naive rows of the eight sweeps less the fit set: "
+            print(f"{name}: {' and '.join(implementations)} rows of the eight sweeps less the fit set: "
                   + "  ".join(f"{m} {k} {ok}/{n}" for (m, k), (ok, n) in sorted(by_cache.items())), flush=True)
-            print(f"  by kernel: {show(table)}", flush=True)
+            print(f"  by {'kernel' if naive else 'implementation'}: {show(table)}", flush=True)
             continue
         ok, total, error = probe_rows(variant, show_rows)
         print(f"{name}: probe {ok} of {total} within, {error:.0f} MiB off in all", flush=True)
@@ -345,6 +481,7 @@ def summed(tables: list[dict]) -> dict:
 
 
 if __name__ == "__main__":
-    flags = {"--sweeps", "--sdpa", "--probe-rows", "--heads", "--naive"}
+    flags = {"--sweeps", "--sdpa", "--probe-rows", "--heads", "--naive", "--flash"}
     main([a for a in sys.argv[1:] if a not in flags], "--sweeps" in sys.argv[1:], "--sdpa" in sys.argv[1:],
-         "--probe-rows" in sys.argv[1:], "--heads" in sys.argv[1:], "--naive" in sys.argv[1:])
+         "--probe-rows" in sys.argv[1:], "--heads" in sys.argv[1:], "--naive" in sys.argv[1:],
+         "--flash" in sys.argv[1:])
