@@ -40,6 +40,7 @@ def kernel_names(cache: str) -> dict[tuple, list[str]]:
 
 
 def unseen(kernel: str, cache: str):
+    """(sweep, report row) of each naive row of `kernel` and `cache` outside the calibration fit set."""
     for sweep, name in REGIME_REPORTS.items():
         for row in report(name, None)["rows"]:
             if row["implementation"] == "naive" and row["kernel"] == kernel and row["cache"] == cache \
