@@ -203,9 +203,6 @@ def _ticking_lockstep(*args, **kwargs):
         yield time, cohorts
 
 
-grid.lockstep = _ticking_lockstep  # run_programs looks it up at each call: every variant's runs tick the clock
-
-
 @attrs.define
 class L2Segmented(L2Cache):
     """A segmented LRU: the model's cache (probation) beside a protected segment of `protected_bytes`. A
@@ -338,6 +335,7 @@ def l2_of(variant: dict):
         options["residue_ramp_bytes"] /= sets
         options["dirty_limit"] /= sets  # each set caps its share of the dirty bytes
         if "protected_mib" in variant:  # the model's sets, each with its share of a protected segment
+            grid.lockstep = _ticking_lockstep  # run_programs looks it up at each call: the clock ticks
             return L2Sets(tuple(L2Segmented(capacity * MiB / sets, options["read_fill_weight"],
                                             options["flush_residue_bytes"], options["residue_ramp_bytes"],
                                             options["cohort_weight"], protected_bytes=variant["protected_mib"] * MiB / sets)
