@@ -13,7 +13,8 @@ written, predicted / measured. A variant with `pv_tiles` also plays the naive pa
 pv_tiles.py lays it out. With --heads, the heads probe's causal grids at d = 128 (sdpa_kv_order/heads.json):
 DRAM MiB read beyond Q + K + V per head, predicted / measured. With --naive, only the naive path's rows
 no figure was fitted on (the eight sweeps less the calibration fit set), by kernel, cold and warm; with
---flash, those rows of simflash's FA-2 kernel and PyTorch SDPA's.
+--flash, those rows of simflash's FA-2 kernel and PyTorch SDPA's; with either and --probe-rows, each of
+those rows' DRAM MiB read and written, measured / predicted.
 """
 
 import json
@@ -388,12 +389,18 @@ def sweep_rows(sweep: str, subset: str | None = None, sdpa: bool = False, modes:
                   if subset is None or c.subset == subset), lambda c: c.implementation)
 
 
-def unseen_rows(sweep: str, mode: str, implementations: tuple[str, ...]) -> dict[tuple[str, str, str], list[int]]:
+def unseen_rows(sweep: str, mode: str, implementations: tuple[str, ...]
+                ) -> tuple[dict[tuple[str, str, str], list[int]], list[str]]:
     """{(kernel, or implementation where not naive; cache; reads | writes): [rows within 10% / 1 MiB, rows]} of
-    a sweep's rows of `implementations` outside the calibration fit set."""
-    return tally((c for c in compare(load(SWEEP_FOLDER / f"{sweep}_{mode}.json"), implementations=implementations,
-                                     sweep=sweep) if c.subset != "fit"),
-                 lambda c: c.kernel if c.implementation == "naive" else c.implementation)
+    a sweep's rows of `implementations` outside the calibration fit set, and a line per row: its DRAM MiB read
+    and written, measured / predicted, `*` where not within."""
+    rows = [c for c in compare(load(SWEEP_FOLDER / f"{sweep}_{mode}.json"), implementations=implementations,
+                               sweep=sweep) if c.subset != "fit"]
+    lines = [f"    {sweep} {c.cache} {c.implementation} {c.kernel} heads {c.config['heads']} N {c.config['n']} "
+             f"d {c.config['d']}{' causal' if c.config['causal'] else ''}: " + "  ".join(
+                 f"{what} {c.measured[key] / MiB:.1f} / {c.predicted[key] / MiB:.1f}{'' if c.ok(key) else ' *'}"
+                 for what, key in (("R", "dram_read_bytes"), ("W", "dram_write_bytes"))) for c in rows]
+    return tally(rows, lambda c: c.kernel if c.implementation == "naive" else c.implementation), lines
 
 
 def tally(comparisons, label) -> dict[tuple[str, str, str], list[int]]:
@@ -424,12 +431,15 @@ def main(names: list[str], sweeps: bool, sdpa: bool, show_rows: bool, heads: boo
         if naive or flash:
             implementations = ("naive",) if naive else ("fa2", "sdpa_flash")
             with Pool(2) as pool:
-                table = summed(pool.starmap(unseen_rows, [(s, m, implementations) for s in REGIME_SWEEPS
-                                                          for m in ("cold", "warm")]))
+                parts = pool.starmap(unseen_rows, [(s, m, implementations) for s in REGIME_SWEEPS
+                                                   for m in ("cold", "warm")])
+            table = summed([t for t, _ in parts])
             by_cache = summed([{(m, k): cell} for (_, m, k), cell in table.items()])
             print(f"{name}: {' and '.join(implementations)} rows of the eight sweeps less the fit set: "
                   + "  ".join(f"{m} {k} {ok}/{n}" for (m, k), (ok, n) in sorted(by_cache.items())), flush=True)
             print(f"  by {'kernel' if naive else 'implementation'}: {show(table)}", flush=True)
+            if show_rows:
+                print("\n".join(line for _, lines in parts for line in lines), flush=True)
             continue
         ok, total, error = probe_rows(variant, show_rows)
         print(f"{name}: probe {ok} of {total} within, {error:.0f} MiB off in all", flush=True)
