@@ -13,8 +13,10 @@ DRAM bytes, after a read-only flush each:
     python benchmarks/gpu/l2_probe/retention.py OUT_DIR     # ncu over itself: retention.json, retention_ncu.csv
     python benchmarks/gpu/l2_probe/retention.py --show benchmarks/gpu/l2_probe/retention.json
 
-Printed: for each X and pattern, the DRAM reads beyond X as a share of the re-reads (each head's X / heads
-read again by all but one of its CTAs), and the share a re-read finds in the L2 (1 - that).
+And one head's rotated readers stopped after 1/16, 1/8, 1/4 or 1/2 of the buffer (each line still read,
+by 1/16 ... 1/2 of the CTAs): whether the misses come at a steady rate or early, before the L2 settles.
+Printed: for each case, the DRAM reads beyond X as a share of the re-reads (a line's readers less one,
+over X), and the share a re-read finds in the L2 (1 - that).
 """
 
 import json
@@ -28,17 +30,20 @@ PATTERNS = ("rotated", "together")
 HEADS = (2, 4, 8)  # rotated readers split into heads, at these sizes
 HEAD_SIZES = (48, 64, 96)
 SPIN = 256
-CASES = [(pattern, size, 1) for pattern in PATTERNS for size in SIZES] + [
-    ("rotated", size, heads) for heads in HEADS for size in HEAD_SIZES]
+PARTS = (16, 8, 4, 2)  # one head's rotated readers stopped after 1 / parts of the buffer, at these sizes
+PART_SIZES = (64, 96)
+CASES = [(pattern, size, 1, 1) for pattern in PATTERNS for size in SIZES] + [
+    ("rotated", size, heads, 1) for heads in HEADS for size in HEAD_SIZES] + [
+    ("rotated", size, 1, parts) for size in PART_SIZES for parts in PARTS]
 PACED = r"""
-extern "C" __global__ void paced_read(const float4* p, unsigned long long n, int rotated, int heads, int spin,
-                                      float* never) {
+extern "C" __global__ void paced_read(const float4* p, unsigned long long n, int rotated, int heads, int parts,
+                                      int spin, float* never) {
   const unsigned int head = blockIdx.x * heads / gridDim.x;  // CTAs in launch order, a head's together
   const unsigned int first = (head * gridDim.x + heads - 1) / heads, readers = ((head + 1) * gridDim.x + heads - 1) / heads - first;
   const unsigned long long m = n / heads;  // a head's share of the buffer, its own lines
   const unsigned long long start = rotated ? m * (blockIdx.x - first) / readers : 0;
   float s = 0.f;
-  for (unsigned long long i = threadIdx.x; i < m; i += blockDim.x) {
+  for (unsigned long long i = threadIdx.x; i < m / parts; i += blockDim.x) {
     const float4 v = p[head * m + (start + i) % m];
     s += v.x + v.y + v.z + v.w;
     for (int k = 0; k < spin; ++k) s = s * 0.999f + 1e-3f;
@@ -55,10 +60,10 @@ def target() -> None:
     flush, paced = module.get_function("flush_read"), module.get_function("paced_read")
     X, F = cupy.ones(max(SIZES) * MiB // 4, dtype=cupy.float32), cupy.ones(512 * MiB // 4, dtype=cupy.float32)
     never, same = cupy.zeros(1, dtype=cupy.float32), cupy.int32(0)
-    for pattern, size, heads in CASES:
+    for pattern, size, heads, parts in CASES:
         flush((GRID,), (BLOCK,), (F, chunks(512), same, never))
         paced((GRID,), (BLOCK,), (X, chunks(size), cupy.int32(pattern == "rotated"), cupy.int32(heads),
-                                  cupy.int32(SPIN), never))
+                                  cupy.int32(parts), cupy.int32(SPIN), never))
     cupy.cuda.Device().synchronize()
 
 
@@ -69,8 +74,9 @@ def main(out: Path) -> None:
     kernels = [k["metrics"] for k in parse_ncu_csv(csv_text) if k["name"].startswith("paced_read")]
     if len(kernels) != len(CASES):
         raise RuntimeError(f"{len(kernels)} kernels profiled, {len(CASES)} expected")
-    rows = [{"pattern": pattern, "x_mib": size, "heads": heads, "spin": SPIN, "dram_read_bytes": k["dram__bytes_read.sum"],
-             "time_ns": k["gpu__time_duration.sum"]} for (pattern, size, heads), k in zip(CASES, kernels)]
+    rows = [{"pattern": pattern, "x_mib": size, "heads": heads, "parts": parts, "spin": SPIN,
+             "dram_read_bytes": k["dram__bytes_read.sum"], "time_ns": k["gpu__time_duration.sum"]}
+            for (pattern, size, heads, parts), k in zip(CASES, kernels)]
     (out / "retention.json").write_text(json.dumps({"command": command, "ctas": GRID, "rows": rows}, indent=1))
     show(out / "retention.json")
 
@@ -79,12 +85,12 @@ def show(path: Path) -> None:
     report = json.loads(path.read_text())
     ctas = report["ctas"]
     print(f"{ctas} CTAs each reading the whole buffer, {SPIN} dependent FP32 operations a load")
-    print("pattern    heads  X MiB  time us  DRAM beyond X MiB  of re-reads  found again")
+    print("pattern    heads  read  X MiB  time us  DRAM beyond X MiB  of re-reads  found again")
     for row in report["rows"]:
         beyond = row["dram_read_bytes"] - row["x_mib"] * MiB
-        share = beyond / (row["x_mib"] * MiB * (ctas / row["heads"] - 1))
-        print(f"{row['pattern']:9s}  {row['heads']:5d}  {row['x_mib']:5d}  {row['time_ns'] / 1e3:7.0f}  {beyond / MiB:17.1f}"
-              f"  {share:11.2%}  {1 - share:11.2%}")
+        share = beyond / (row["x_mib"] * MiB * (ctas / row["heads"] / row["parts"] - 1))
+        print(f"{row['pattern']:9s}  {row['heads']:5d}  1/{row['parts']:<2d}  {row['x_mib']:5d}  {row['time_ns'] / 1e3:7.0f}"
+              f"  {beyond / MiB:17.1f}  {share:11.2%}  {1 - share:11.2%}")
 
 
 if __name__ == "__main__":
