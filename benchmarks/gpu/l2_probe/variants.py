@@ -254,6 +254,82 @@ class L2Segmented(L2Cache):
         self._seen.clear()
 
 
+@attrs.define
+class L2Levels(L2Cache):
+    """A segmented LRU of several levels beside the model's cache (level 0): a clean block found again at a later
+    time step than its last read goes up one level (from the model's cache to level 1, from level j to j + 1,
+    up to the last), to that level's most recent end; a level over its share (`level_bytes[j - 1]`) sends its
+    least recently used block down one level; only level 0 evicts. A line read again and again climbs and
+    stays, one read a few times stays low (the retention probe: the L2 keeps lines with many readers)."""
+
+    level_bytes: tuple = ()
+    single_climbs: bool = False  # only reads by one CTA (not a cohort's, not shared) climb
+    _levels: list = attrs.field(factory=list)  # level j (1..) at [j - 1]: key -> [nbytes, cost]
+    _level_costs: list = attrs.field(factory=list)
+    _level_of: dict = attrs.field(factory=dict)  # key -> its level, for blocks above level 0
+    _seen: dict = attrs.field(factory=dict)  # key -> time step of its last read
+
+    def __attrs_post_init__(self):
+        self._levels = [OrderedDict() for _ in self.level_bytes]
+        self._level_costs = [0.0 for _ in self.level_bytes]
+
+    def read(self, key, nbytes, count=1, shared=False):
+        now, last = CLOCK[0], self._seen.get(key)
+        self._seen[key] = now
+        level = self._level_of.get(key)
+        if level is not None:
+            self._flow(key[0])[0] += nbytes * count
+            if last != now and level < len(self.level_bytes) and self._climbs(count, shared):
+                size, cost = self._take(level, key)
+                self._put(level + 1, key, size, cost)
+            else:
+                self._levels[level - 1].move_to_end(key)
+            return
+        block = self._blocks.get(key)
+        if block is None or block[1] or last is None or last == now or not self._climbs(count, shared):
+            super().read(key, nbytes, count, shared)
+            return
+        del self._blocks[key]
+        self._resident_cost -= block[2]
+        self._flow(key[0])[0] += nbytes * count
+        self._put(1, key, nbytes, nbytes * (self.cohort_weight if count > 1 or shared else 1.0))
+
+    def _climbs(self, count, shared):
+        return not (self.single_climbs and (count > 1 or shared))
+
+    def _take(self, level, key):
+        size, cost = self._levels[level - 1].pop(key)
+        self._level_costs[level - 1] -= cost
+        del self._level_of[key]
+        return size, cost
+
+    def _put(self, level, key, nbytes, cost):
+        self._levels[level - 1][key] = [nbytes, cost]
+        self._level_costs[level - 1] += cost
+        self._level_of[key] = level
+        while self._level_costs[level - 1] > self.level_bytes[level - 1]:
+            demoted = next(iter(self._levels[level - 1]))
+            size, held = self._take(level, demoted)
+            if level > 1:
+                self._put(level - 1, demoted, size, held)
+            else:
+                self._blocks[demoted] = [size, False, held]
+                self._resident_cost += held
+                self._evict()
+
+    def write(self, key, nbytes):
+        level = self._level_of.get(key)
+        if level is not None:
+            self._take(level, key)
+        super().write(key, nbytes)
+
+    def flush(self, residue=False):
+        super().flush(residue)
+        self.__attrs_post_init__()
+        self._level_of.clear()
+        self._seen.clear()
+
+
 # The machine file's model (hashed sets), then each variant's changes to it (capacities in MiB: one with `sets`,
 # hashed sets of it; several without, the mixture of them the model used before its sets, as "mixture").
 MIXTURE = (26.0, 31.0)  # the capacities (MiB) the model averaged before its sets, under which the variants naming it were judged
@@ -286,10 +362,13 @@ VARIANTS = {
     "dirty-read-renews": dict(dirty_read_renews=True),
     "pv-tiles": dict(pv_tiles=True),
     "fill-0.5": dict(read_fill_weight=0.5),
+    "fill-0.1": dict(read_fill_weight=0.1),
     "random-victim-8": dict(victim_window=8),
     "random-victim-32": dict(victim_window=32),
     "pv-fill-1": dict(kernel_fill_weights={"gemm_pv": 1.0}),
     "pv-fill-0.6": dict(kernel_fill_weights={"gemm_pv": 0.6}),
+    "qk-fill-0.1": dict(kernel_fill_weights={"gemm_qk": 0.1}),
+    "qk-fill-0": dict(kernel_fill_weights={"gemm_qk": 0.0}),
     "stripes-8": dict(stripe_kib=8),
     "stripes-4": dict(stripe_kib=4),
     "dirty-read-1.1": dict(dirty_read_weight=1.1),
@@ -305,6 +384,8 @@ VARIANTS = {
     "sets-32-dirty-27": dict(capacities=(32,), dirty_limit=27),
     "sets-36-dirty-28": dict(capacities=(36,), dirty_limit=28),
     "reread-0.5": dict(reread_weight=0.5),
+    "reread-0.7": dict(reread_weight=0.7),
+    "reread-0.8": dict(reread_weight=0.8),
     "stale-random": dict(stale_random=True),
     "stale-random-pv-fill-0.5": dict(stale_random=True, kernel_fill_weights={"gemm_pv": 0.5}),
     "stale-random-in-pv": dict(stale_random=True, stale_kernels=("gemm_pv",)),
@@ -314,6 +395,12 @@ VARIANTS = {
                                          kernel_fill_weights={"gemm_pv": 0.75}),
     "slru-8": dict(protected_mib=8),
     "slru-12": dict(protected_mib=12),
+    "levels-4x3": dict(levels_mib=(4, 4, 4)),
+    "levels-2x6": dict(levels_mib=(2,) * 6),
+    "levels-8x2": dict(levels_mib=(8, 8)),
+    "levels-4x3-single": dict(levels_mib=(4, 4, 4), single_climbs=True),
+    "levels-8x2-single": dict(levels_mib=(8, 8), single_climbs=True),
+    "levels-24-4x4-single": dict(capacities=(24,), sets=57, levels_mib=(4, 4, 4, 4), single_climbs=True),
 }
 
 
@@ -325,7 +412,8 @@ def l2_of(variant: dict):
         options = {"read_fill_weight": cal["l2_read_fill_weight"], "flush_residue_bytes": int(cal["l2_flush_residue_bytes"]),
                    "residue_ramp_bytes": cal["l2_residue_ramp_bytes"], "cohort_weight": cal["l2_cohort_weight"],
                    **{k: v for k, v in variant.items()
-                      if k not in ("capacities", "pv_tiles", "sets", "stripe_kib", "protected_mib")}}
+                      if k not in ("capacities", "pv_tiles", "sets", "stripe_kib", "protected_mib", "levels_mib",
+                                   "single_climbs")}}
         options["dirty_limit"] = options.get("dirty_limit", float("inf")) * MiB
         if "capacities" in variant and "sets" not in variant:
             return L2Mixture(tuple(L2Variant(c * MiB, **options) for c in variant["capacities"]))
@@ -335,6 +423,14 @@ def l2_of(variant: dict):
         options["flush_residue_bytes"] //= sets
         options["residue_ramp_bytes"] /= sets
         options["dirty_limit"] /= sets  # each set caps its share of the dirty bytes
+        if "levels_mib" in variant:  # the model's sets, each with its share of every level
+            grid.lockstep = _ticking_lockstep
+            return L2Sets(tuple(L2Levels(capacity * MiB / sets, options["read_fill_weight"],
+                                         options["flush_residue_bytes"], options["residue_ramp_bytes"],
+                                         options["cohort_weight"],
+                                         level_bytes=tuple(m * MiB / sets for m in variant["levels_mib"]),
+                                         single_climbs=variant.get("single_climbs", False))
+                                for _ in range(sets)), stripe_bytes)
         if "protected_mib" in variant:  # the model's sets, each with its share of a protected segment
             grid.lockstep = _ticking_lockstep  # run_programs looks it up at each call: the clock ticks
             return L2Sets(tuple(L2Segmented(capacity * MiB / sets, options["read_fill_weight"],

@@ -11,6 +11,8 @@ programs and the launch order are the model's own. Compared with ncu's DRAM read
 sweep's SDPA causal rows, cold L2, against the lock-step predictions the reports hold:
 
     python benchmarks/gpu/sdpa_kv_order/convoys.py 0.85 0.6 > benchmarks/gpu/sdpa_kv_order/convoys.txt
+
+(convoys.txt was made with the model's L2 as it was then, a mixture of two LRU caches.)
 """
 
 from __future__ import annotations
@@ -24,15 +26,15 @@ from pathlib import Path
 import simflash.model.physical as physical
 from simflash.config import MiB
 from simflash.grid import CTAProgram, lockstep
-from simflash.l2 import L2
+from simflash.l2 import L2, L2Sets
 from simflash.model.calibration import REGIME_REPORTS, within
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 class MissCounter:
-    """Passes transfers to an L2 and counts the bytes of reads that missed (the mean over a mixture's
-    caches, as its DRAM bytes are)."""
+    """Passes transfers to an L2 and counts the bytes of reads that missed: the stripes not resident in
+    their sets (hashed sets), or the mean over a mixture's caches (as its DRAM bytes are)."""
 
     def __init__(self, l2: L2):
         self.l2 = l2
@@ -40,7 +42,11 @@ class MissCounter:
         self.missed = 0.0
 
     def read(self, key, nbytes: int, count: int = 1, shared: bool = False) -> None:
-        self.missed += sum(key not in cache._blocks for cache in self.caches) * nbytes / len(self.caches)
+        if isinstance(self.l2, L2Sets):
+            self.missed += sum(size for cache, stripe, size in self.l2._stripes(key, nbytes)
+                               if stripe not in cache._blocks)
+        else:
+            self.missed += sum(key not in cache._blocks for cache in self.caches) * nbytes / len(self.caches)
         self.l2.read(key, nbytes, count, shared)
 
     def write(self, key, nbytes: int) -> None:
