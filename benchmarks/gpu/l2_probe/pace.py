@@ -15,7 +15,6 @@ Application replay, no cache control, as the warm sweeps are measured.
 """
 
 import json
-import sys
 from pathlib import Path
 
 from probe import BLOCK, GRID, MiB, SOURCE, chunks, kernel_row, profile, run
@@ -90,7 +89,4 @@ def show(rows: list[dict]) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "--show":
-        show(json.loads(Path(sys.argv[2]).read_text())["rows"])
-    else:
-        run(target, main)
+    run(target, main, lambda path: show(json.loads(path.read_text())["rows"]))

@@ -147,11 +147,13 @@ def main(out: Path) -> None:
         print(f"{row['pattern']:14s} X={row['x_mib']:3d} Y={row['y_mib']:3d}  {cells}")
 
 
-def run(target, main) -> None:
-    """A probe script's entry: with --target, launch its kernels (what ncu profiles); with OUT_DIR, profile
-    them into it."""
+def run(target, main, show=None) -> None:
+    """A probe script's entry: with --target, launch its kernels (what ncu profiles); with --show JSON, print
+    the table of a saved run (where the probe has one); with OUT_DIR, profile them into it."""
     if sys.argv[1:] == ["--target"]:
         target()
+    elif show is not None and sys.argv[1:2] == ["--show"]:
+        show(Path(sys.argv[2]))
     else:
         main(Path(sys.argv[1]))
 

@@ -20,7 +20,6 @@ over X), and the share a re-read finds in the L2 (1 - that).
 """
 
 import json
-import sys
 from pathlib import Path
 
 from probe import BLOCK, GRID, MiB, chunks, profile, read_kernel, run
@@ -94,7 +93,4 @@ def show(path: Path) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--show"]:
-        show(Path(sys.argv[2]))
-    else:
-        run(target, main)
+    run(target, main, show)

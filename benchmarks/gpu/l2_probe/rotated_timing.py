@@ -26,7 +26,6 @@ before), over the first and the last fifth of the kernel apart.
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -163,7 +162,4 @@ def show(path: Path) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--show"]:
-        show(Path(sys.argv[2]))
-    else:
-        run(target, main)
+    run(target, main, show)

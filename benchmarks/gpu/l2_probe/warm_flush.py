@@ -10,7 +10,6 @@ flush left. Application replay, no cache control, as the warm sweeps are measure
 """
 
 import json
-import sys
 from pathlib import Path
 
 from probe import BLOCK, GRID, MiB, SOURCE, chunks, profile, run
@@ -68,7 +67,4 @@ def show(rows: list[dict]) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "--show":
-        show(json.loads(Path(sys.argv[2]).read_text())["rows"])
-    else:
-        run(target, main)
+    run(target, main, lambda path: show(json.loads(path.read_text())["rows"]))
