@@ -2,7 +2,7 @@
 none of them kept: the scores docs/physical.md quotes for them.
 
     python benchmarks/gpu/l2_probe/variants.py [VARIANT ...] [--sweeps] [--sdpa] [--probe-rows] [--heads] [--naive]
-                                                [--flash]
+                                                [--flash] [--retention]
 
 Per variant: the probe's kernel rows predicted (DRAM bytes read and written, within 10% / 1 MiB, and the
 absolute error in MiB), and the calibration sweep's fit rows within 10% / 1 MiB (naive and simflash's
@@ -11,7 +11,9 @@ FA-2 kernel, reads and writes, cold and warm: 256 in all), as the model's own fi
 --sdpa, PyTorch SDPA's FA-2 rows beside them; with --probe-rows, each probe kernel's DRAM MiB read and
 written, predicted / measured. A variant with `pv_tiles` also plays the naive path's P V GEMM as
 pv_tiles.py lays it out. With --heads, the heads probe's causal grids at d = 128 (sdpa_kv_order/heads.json):
-DRAM MiB read beyond Q + K + V per head, predicted / measured. With --naive, only the naive path's rows
+DRAM MiB read beyond Q + K + V per head, predicted / measured. With --retention, the retention probe's
+rotated readers (retention.json) replayed in lock-step: the share of their re-reads that miss, predicted /
+measured. With --naive, only the naive path's rows
 no figure was fitted on (the eight sweeps less the calibration fit set), by kernel, cold and warm; with
 --flash, those rows of simflash's FA-2 kernel and PyTorch SDPA's; with either and --probe-rows, each of
 those rows' DRAM MiB read and written, measured / predicted.
@@ -330,6 +332,77 @@ class L2Levels(L2Cache):
         self._seen.clear()
 
 
+@attrs.define
+class L2Dueling(L2Cache):
+    """Dynamic insertion (an LRU cache that, when its lines thrash, inserts most read fills at the least
+    recently used end): leader sets always insert at the most recent end (`role` "lru") or bimodally ("bip":
+    one fill in `throttle` at the most recent end, the others at the least recent), and their read misses
+    move a counter shared by all sets (`duel[0]`, 0 to 1023) up or down; the other sets ("follow") insert
+    bimodally while the LRU leaders miss more. Writes always allocate at the most recent end. A working set
+    larger than the cache then keeps part of itself instead of none, and only once the leaders have told
+    the difference (the retention probe's misses come early)."""
+
+    role: str = "follow"
+    duel: list = attrs.field(factory=lambda: [512, 0])  # [counter, fills since the last one at the MRU end]
+    throttle: int = 32
+
+    def read(self, key, nbytes, count=1, shared=False):
+        missed = key not in self._blocks
+        super().read(key, nbytes, count, shared)
+        if not missed:
+            return
+        if self.role == "lru":
+            self.duel[0] = min(1023, self.duel[0] + 1)
+        elif self.role == "bip":
+            self.duel[0] = max(0, self.duel[0] - 1)
+        if self.role == "bip" or (self.role == "follow" and self.duel[0] > 512):
+            self.duel[1] += 1
+            if self.duel[1] % self.throttle and key in self._blocks:
+                self._blocks.move_to_end(key, last=False)
+
+    def flush(self, residue=False):
+        super().flush(residue)
+        self.duel[:] = [512, 0]
+
+
+@attrs.define
+class L2RRIP(L2Cache):
+    """Re-reference interval prediction in place of LRU: each block carries a prediction from 0 (read again
+    soon) to 3 (not soon); a read fill comes in at 2, or with `bimodal` at 3 but one fill in 32 at 2; a hit
+    or a write sets it to 0; the victim is the oldest block at 3, all predictions growing by one until one
+    is. Lines read again get kept and a stream larger than the cache keeps a part of itself; which part, the
+    hits decide over time."""
+
+    bimodal: bool = False
+    _prediction: dict = attrs.field(factory=dict)
+    _fills: int = 0
+
+    def read(self, key, nbytes, count=1, shared=False):
+        if key in self._blocks:
+            super().read(key, nbytes, count, shared)
+            self._prediction[key] = 0
+            return
+        self._fills += 1
+        self._prediction[key] = 3 if self.bimodal and self._fills % 32 else 2
+        super().read(key, nbytes, count, shared)
+
+    def write(self, key, nbytes):
+        self._prediction[key] = 0
+        super().write(key, nbytes)
+
+    def _evict(self):
+        while self._resident_cost > self.capacity_bytes and self._blocks:
+            victim = next((k for k in self._blocks if self._prediction.get(k, 3) >= 3), None)
+            if victim is None:
+                for k in self._blocks:
+                    self._prediction[k] = self._prediction.get(k, 3) + 1
+                continue
+            nbytes, dirty, cost = self._blocks.pop(victim)
+            self._resident_cost -= cost
+            if dirty:
+                self._flow(victim[0])[2] += nbytes
+
+
 # The machine file's model (hashed sets), then each variant's changes to it (capacities in MiB: one with `sets`,
 # hashed sets of it; several without, the mixture of them the model used before its sets, as "mixture").
 MIXTURE = (26.0, 31.0)  # the capacities (MiB) the model averaged before its sets, under which the variants naming it were judged
@@ -401,6 +474,10 @@ VARIANTS = {
     "levels-4x3-single": dict(levels_mib=(4, 4, 4), single_climbs=True),
     "levels-8x2-single": dict(levels_mib=(8, 8), single_climbs=True),
     "levels-24-4x4-single": dict(capacities=(24,), sets=57, levels_mib=(4, 4, 4, 4), single_climbs=True),
+    "dueling": dict(dueling=True),
+    "dueling-50": dict(capacities=(50,), sets=57, dueling=True),
+    "rrip-50": dict(capacities=(50,), sets=57, rrip="static"),
+    "brrip-50": dict(capacities=(50,), sets=57, rrip="bimodal"),
 }
 
 
@@ -413,7 +490,7 @@ def l2_of(variant: dict):
                    "residue_ramp_bytes": cal["l2_residue_ramp_bytes"], "cohort_weight": cal["l2_cohort_weight"],
                    **{k: v for k, v in variant.items()
                       if k not in ("capacities", "pv_tiles", "sets", "stripe_kib", "protected_mib", "levels_mib",
-                                   "single_climbs")}}
+                                   "single_climbs", "dueling", "rrip")}}
         options["dirty_limit"] = options.get("dirty_limit", float("inf")) * MiB
         if "capacities" in variant and "sets" not in variant:
             return L2Mixture(tuple(L2Variant(c * MiB, **options) for c in variant["capacities"]))
@@ -423,6 +500,18 @@ def l2_of(variant: dict):
         options["flush_residue_bytes"] //= sets
         options["residue_ramp_bytes"] /= sets
         options["dirty_limit"] /= sets  # each set caps its share of the dirty bytes
+        if "rrip" in variant:  # the model's sets, each replacing by re-reference prediction
+            return L2Sets(tuple(L2RRIP(capacity * MiB / sets, options["read_fill_weight"],
+                                       options["flush_residue_bytes"], options["residue_ramp_bytes"],
+                                       options["cohort_weight"], bimodal=variant["rrip"] == "bimodal")
+                                for _ in range(sets)), stripe_bytes)
+        if variant.get("dueling"):  # the model's sets, 4 leading with LRU, 4 with bimodal fills, the others following
+            duel = [512, 0]
+            return L2Sets(tuple(L2Dueling(capacity * MiB / sets, options["read_fill_weight"],
+                                          options["flush_residue_bytes"], options["residue_ramp_bytes"],
+                                          options["cohort_weight"], role={0: "lru", 1: "bip"}.get(i % 16, "follow"),
+                                          duel=duel)
+                                for i in range(sets)), stripe_bytes)
         if "levels_mib" in variant:  # the model's sets, each with its share of every level
             grid.lockstep = _ticking_lockstep
             return L2Sets(tuple(L2Levels(capacity * MiB / sets, options["read_fill_weight"],
@@ -518,7 +607,7 @@ def show(counts: dict[tuple[str, str, str], list[int]]) -> str:
 
 
 def main(names: list[str], sweeps: bool, sdpa: bool, show_rows: bool, heads: bool = False, naive: bool = False,
-         flash: bool = False) -> None:
+         flash: bool = False, retention: bool = False) -> None:
     model_naive = physical._naive
     for name in names or list(VARIANTS):
         variant = VARIANTS[name]
@@ -541,6 +630,8 @@ def main(names: list[str], sweeps: bool, sdpa: bool, show_rows: bool, heads: boo
         print(f"{name}: probe {ok} of {total} within, {error:.0f} MiB off in all", flush=True)
         if heads:
             print(f"  heads probe (MiB a head beyond Q + K + V, predicted / measured): {heads_rows()}", flush=True)
+        if retention:
+            print(f"  retention probe (re-reads missed, predicted / measured): {retention_rows(variant)}", flush=True)
         parts = [("calibration fit", "calibration", "fit")]
         if sweeps:
             parts += [("calibration held-out", "calibration", "held-out")] + [(s, s, None) for s in REGIME_SWEEPS[1:]]
@@ -573,6 +664,37 @@ def heads_rows() -> str:
     return "; ".join(cells)
 
 
+RETENTION_PIECE = 64 * 1024  # what a rotated reader reads per lock-step step in the retention replay
+
+
+def retention_rows(variant: dict) -> str:
+    """The retention probe's rotated readers (retention.json) replayed through the variant's L2 in lock-step:
+    528 readers, each reading one 64 KiB piece of its head's share per step, starting at its own place;
+    per case, the share of re-reads that miss, predicted / measured."""
+    make = l2_of(variant)
+    report = json.loads((HERE / "retention.json").read_text())
+    ctas, cells = report["ctas"], []
+    for row in report["rows"]:
+        if row["pattern"] != "rotated":
+            continue
+        heads, parts, size = row["heads"], row["parts"], row["x_mib"] * MiB
+        l2 = make(gpu_spec("H200"))
+        l2.flush()
+        l2.kernel = "rotated"
+        pieces, readers = size // RETENTION_PIECE // heads, ctas // heads  # a head's pieces and readers
+        starts = [b % readers * pieces // readers for b in range(ctas)]
+        for step in range(pieces // parts):
+            CLOCK[0] += 1
+            for b in range(ctas):
+                l2.read(("X", b // readers, (starts[b] + step) % pieces), RETENTION_PIECE)
+        l2.end_kernel()
+        missed = l2.traffic().by_kernel["rotated"].dram_read_bytes - size
+        rereads = size * (readers / parts - 1)
+        cells.append(f"{heads}h 1/{parts} {row['x_mib']} MiB {missed / rereads:.1%} / "
+                     f"{(row['dram_read_bytes'] - size) / rereads:.1%}")
+    return "; ".join(cells)
+
+
 def summed(tables: list[dict]) -> dict:
     """Several tables of {cell: [rows within, rows]} added up cell by cell."""
     total: dict = {}
@@ -585,7 +707,7 @@ def summed(tables: list[dict]) -> dict:
 
 
 if __name__ == "__main__":
-    flags = {"--sweeps", "--sdpa", "--probe-rows", "--heads", "--naive", "--flash"}
+    flags = {"--sweeps", "--sdpa", "--probe-rows", "--heads", "--naive", "--flash", "--retention"}
     main([a for a in sys.argv[1:] if a not in flags], "--sweeps" in sys.argv[1:], "--sdpa" in sys.argv[1:],
          "--probe-rows" in sys.argv[1:], "--heads" in sys.argv[1:], "--naive" in sys.argv[1:],
-         "--flash" in sys.argv[1:])
+         "--flash" in sys.argv[1:], "--retention" in sys.argv[1:])
