@@ -69,6 +69,22 @@ def profile(script: str, out: Path, csv_name: str) -> tuple[str, str]:
     return " ".join(command), run.stdout
 
 
+def profile_cases(script: str, out: Path, name: str, kernel: str, cases: list[dict], show) -> None:
+    """Profile `script --target`, which launches one kernel named `kernel` per case (dicts of the case's
+    fields, in launch order); write out/{name}_ncu.csv and out/{name}.json (the command, the grid's CTAs and
+    a row per case: its fields, DRAM bytes read and time) and show the JSON."""
+    from simflash.backends.profile import parse_ncu_csv
+
+    command, csv_text = profile(script, out, f"{name}_ncu.csv")
+    profiled = [k["metrics"] for k in parse_ncu_csv(csv_text) if k["name"].startswith(kernel)]
+    if len(profiled) != len(cases):
+        raise RuntimeError(f"{len(profiled)} {kernel} kernels profiled, {len(cases)} expected")
+    rows = [{**case, "dram_read_bytes": k["dram__bytes_read.sum"], "time_ns": k["gpu__time_duration.sum"]}
+            for case, k in zip(cases, profiled)]
+    (out / f"{name}.json").write_text(json.dumps({"command": command, "ctas": GRID, "rows": rows}, indent=1))
+    show(out / f"{name}.json")
+
+
 def read_pairs(script: str, out: Path, name: str, kernels: tuple[str, ...], cases: list) -> list[dict]:
     """Profile `script --target`, whose kernels named `kernels` come in pairs (a first read, the read
     again), one pair per case in launch order; write out/{name}_ncu.csv and out/{name}.json (the command

@@ -22,7 +22,7 @@ over X), and the share a re-read finds in the L2 (1 - that).
 import json
 from pathlib import Path
 
-from probe import BLOCK, GRID, MiB, chunks, profile, read_kernel, run
+from probe import BLOCK, GRID, MiB, chunks, profile_cases, read_kernel, run
 
 SIZES = (32, 40, 48, 56, 60, 64, 72, 80, 96, 128)
 PATTERNS = ("rotated", "together")
@@ -67,17 +67,9 @@ def target() -> None:
 
 
 def main(out: Path) -> None:
-    from simflash.backends.profile import parse_ncu_csv
-
-    command, csv_text = profile(__file__, out, "retention_ncu.csv")
-    kernels = [k["metrics"] for k in parse_ncu_csv(csv_text) if k["name"].startswith("paced_read")]
-    if len(kernels) != len(CASES):
-        raise RuntimeError(f"{len(kernels)} kernels profiled, {len(CASES)} expected")
-    rows = [{"pattern": pattern, "x_mib": size, "heads": heads, "parts": parts, "spin": SPIN,
-             "dram_read_bytes": k["dram__bytes_read.sum"], "time_ns": k["gpu__time_duration.sum"]}
-            for (pattern, size, heads, parts), k in zip(CASES, kernels)]
-    (out / "retention.json").write_text(json.dumps({"command": command, "ctas": GRID, "rows": rows}, indent=1))
-    show(out / "retention.json")
+    profile_cases(__file__, out, "retention", "paced_read",
+                  [{"pattern": pattern, "x_mib": size, "heads": heads, "parts": parts, "spin": SPIN}
+                   for pattern, size, heads, parts in CASES], show)
 
 
 def show(path: Path) -> None:

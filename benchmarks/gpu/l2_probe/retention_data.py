@@ -12,7 +12,7 @@ Printed: per buffer and X, the DRAM reads beyond X as a share of the 527 X of re
 import json
 from pathlib import Path
 
-from probe import BLOCK, GRID, MiB, chunks, profile, read_kernel, run
+from probe import BLOCK, GRID, MiB, chunks, profile_cases, read_kernel, run
 from retention import PACED, SPIN
 
 SIZES = (32, 48, 64, 96)
@@ -37,17 +37,8 @@ def target() -> None:
 
 
 def main(out: Path) -> None:
-    from simflash.backends.profile import parse_ncu_csv
-
-    command, csv_text = profile(__file__, out, "retention_data_ncu.csv")
-    kernels = [k["metrics"] for k in parse_ncu_csv(csv_text) if k["name"].startswith("paced_read")]
-    cases = [(fill, size) for fill in FILLS for size in SIZES]
-    if len(kernels) != len(cases):
-        raise RuntimeError(f"{len(kernels)} kernels profiled, {len(cases)} expected")
-    rows = [{"fill": fill, "x_mib": size, "dram_read_bytes": k["dram__bytes_read.sum"], "time_ns": k["gpu__time_duration.sum"]}
-            for (fill, size), k in zip(cases, kernels)]
-    (out / "retention_data.json").write_text(json.dumps({"command": command, "ctas": GRID, "rows": rows}, indent=1))
-    show(out / "retention_data.json")
+    profile_cases(__file__, out, "retention_data", "paced_read",
+                  [{"fill": fill, "x_mib": size} for fill in FILLS for size in SIZES], show)
 
 
 def show(path: Path) -> None:

@@ -16,7 +16,7 @@ for readers stopped after 1/16 of the buffer (where a fresh buffer misses most).
 import json
 from pathlib import Path
 
-from probe import BLOCK, GRID, MiB, chunks, profile, read_kernel, run
+from probe import BLOCK, GRID, MiB, chunks, profile_cases, read_kernel, run
 from retention import PACED, SPIN
 
 SIZES = (64, 96)
@@ -45,20 +45,9 @@ def cases() -> list[tuple[int, int, tuple[str, ...]]]:
 
 
 def main(out: Path) -> None:
-    from simflash.backends.profile import parse_ncu_csv
-
-    command, csv_text = profile(__file__, out, "retention_phases_ncu.csv")
-    kernels = iter(k["metrics"] for k in parse_ncu_csv(csv_text) if k["name"].startswith("paced_read"))
-    rows = []
-    for size, parts, reads in cases():
-        for at, name in enumerate(reads):
-            k = next(kernels)
-            rows.append({"x_mib": size, "parts": parts, "sequence": ", ".join(reads), "kernel": at, "buffer": name,
-                         "dram_read_bytes": k["dram__bytes_read.sum"], "time_ns": k["gpu__time_duration.sum"]})
-    if next(kernels, None) is not None:
-        raise RuntimeError("more kernels profiled than the cases launch")
-    (out / "retention_phases.json").write_text(json.dumps({"command": command, "ctas": GRID, "rows": rows}, indent=1))
-    show(out / "retention_phases.json")
+    profile_cases(__file__, out, "retention_phases", "paced_read",
+                  [{"x_mib": size, "parts": parts, "sequence": ", ".join(reads), "kernel": at, "buffer": name}
+                   for size, parts, reads in cases() for at, name in enumerate(reads)], show)
 
 
 def show(path: Path) -> None:
