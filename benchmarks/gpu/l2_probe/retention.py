@@ -1,9 +1,10 @@
 """How much of a buffer that CTAs read one after another does the L2 keep, as the buffer outgrows it? Each of
 528 CTAs (four an SM) reads the whole buffer of X MiB, starting at its own place and wrapping around (the
 `rotated` readers of shared.py and rotated_timing.py, as SDPA's causal CTAs read a head's K and V), each
-load followed by 256 dependent FP32 operations (a compute pace: the readers stay spread, rotated_timing.txt),
-so a line's next reader comes after every other line has been read once: a least-recently-used cache
-smaller than X would re-fetch every re-read. Beside them, for comparison, the same readers all starting
+load followed by 256 dependent FP32 operations (a compute pace, as SDPA's CTAs go through K and V). Were
+the readers spread evenly, a line's next reader would come after every other line had been read once and
+a least-recently-used cache smaller than X would re-fetch every re-read (how far apart they really come:
+rotated_distances.py). Beside them, for comparison, the same readers all starting
 at the start (`together`: a line's readers all come within a moment, as a cohort reads K and V); and the
 rotated readers split into 2, 4 or 8 heads in launch order, each head's CTAs reading its own share of the
 buffer (X / heads) one after another, so that a line's re-read distance is still X (the other heads'

@@ -2,13 +2,13 @@
 SM, reads the whole buffer of X MiB starting at its own place, b / 528 of the way, and wrapping around,
 as SDPA's causal CTAs read a head's K and V one after another) re-fetches only 0.3% of its re-reads from
 DRAM at 32 MiB and 9.2% at 64 MiB, where a least-recently-used cache of any size below X would re-fetch
-them all: spread evenly, a line's next reader comes after every other line has been read once. If the
-readers bunch up (one that misses waits on DRAM while those behind it, hitting, catch up), a line's
+them all were the readers spread evenly (a line's next reader would come after every other line had been
+read once). If the readers bunch up (one that misses waits on DRAM while those behind it, hitting, catch up), a line's
 readers come in groups, the first missing and the rest hitting. This probe records when each CTA passes
 each 64 KiB of the buffer (thread 0 reads %globaltimer) and its SM, with ncu's DRAM bytes of the same
 launches, after a read-only flush each; the readers bare (their pace the L2's and DRAM's: one that hits
-goes faster) or each load followed by 256 dependent FP32 operations (a compute pace, as SDPA's CTAs
-have, at which a hit and a miss take about as long):
+goes faster) or each load followed by 256 dependent FP32 operations (a compute pace, about 2 GB/s a CTA,
+as SDPA's CTAs go through K and V):
 
     python benchmarks/gpu/l2_probe/rotated_timing.py OUT_DIR     # ncu over itself: rotated_timing.json,
                                                                   # rotated_timing_ncu.csv, rotated_timing.npz
@@ -32,8 +32,7 @@ import numpy as np
 from probe import BLOCK, GRID, MiB, chunks, profile, read_kernel, run
 
 # (X MiB, dependent FP32 operations per 16-byte load): bare readers, whose pace is the L2's and DRAM's, and
-# readers held to a compute pace (about 4 GB/s a CTA, as SDPA's CTAs go through K and V), where a hit and
-# a miss cost about the same time and nobody catches up
+# readers held to a compute pace (about 2 GB/s a CTA, as SDPA's CTAs go through K and V)
 CASES = [(24, 0), (32, 0), (48, 0), (64, 0), (32, 256), (48, 256), (64, 256)]
 SAMPLE_BYTES = 64 * 1024  # a CTA's progress between two timestamps
 EVERY = SAMPLE_BYTES // (BLOCK * 16)  # loop iterations between two timestamps (each reads BLOCK chunks of 16 bytes)
