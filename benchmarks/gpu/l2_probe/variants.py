@@ -196,7 +196,7 @@ class L2Variant(L2Cache):
                 self._forget_dirty(key)
 
 
-CLOCK = [0]  # time steps of the lock-step schedule played so far (what L2Segmented tells a later hit by)
+CLOCK = [0]  # time steps of the lock-step schedule played so far (what L2Levels tells a later hit by)
 _lockstep = grid.lockstep
 
 
@@ -207,62 +207,13 @@ def _ticking_lockstep(*args, **kwargs):
 
 
 @attrs.define
-class L2Segmented(L2Cache):
-    """A segmented LRU: the model's cache (probation) beside a protected segment of `protected_bytes`. A
-    clean block found again at a later time step than its last access (not a cohort's same-step reads) moves
-    to the protected segment's most recent end; the protected segment's least recently used block goes back
-    to probation's most recent end; only probation evicts. Data re-read often (SDPA's causal K and V, a tile
-    every few steps) stays longer than a stream read once or a cohort's tile read once a wave."""
-
-    protected_bytes: float = 0.0
-    _protected: OrderedDict = attrs.field(factory=OrderedDict)  # key -> [nbytes, cost]
-    _protected_cost: float = 0.0
-    _seen: dict = attrs.field(factory=dict)  # key -> time step of its last read
-
-    def read(self, key, nbytes, count=1, shared=False):
-        now, last = CLOCK[0], self._seen.get(key)
-        self._seen[key] = now
-        if key in self._protected:
-            self._protected.move_to_end(key)
-            self._flow(key[0])[0] += nbytes * count
-            return
-        block = self._blocks.get(key)
-        if block is None or block[1] or last is None or last == now:
-            super().read(key, nbytes, count, shared)
-            return
-        del self._blocks[key]
-        self._resident_cost -= block[2]
-        self._flow(key[0])[0] += nbytes * count
-        cost = nbytes * (self.cohort_weight if count > 1 or shared else 1.0)
-        self._protected[key] = [nbytes, cost]
-        self._protected_cost += cost
-        while self._protected_cost > self.protected_bytes:
-            demoted, (size, held) = self._protected.popitem(last=False)
-            self._protected_cost -= held
-            self._blocks[demoted] = [size, False, held]
-            self._resident_cost += held
-        self._evict()
-
-    def write(self, key, nbytes):
-        entry = self._protected.pop(key, None)
-        if entry is not None:
-            self._protected_cost -= entry[1]
-        super().write(key, nbytes)
-
-    def flush(self, residue=False):
-        super().flush(residue)
-        self._protected.clear()
-        self._protected_cost = 0.0
-        self._seen.clear()
-
-
-@attrs.define
 class L2Levels(L2Cache):
     """A segmented LRU of several levels beside the model's cache (level 0): a clean block found again at a later
     time step than its last read goes up one level (from the model's cache to level 1, from level j to j + 1,
     up to the last), to that level's most recent end; a level over its share (`level_bytes[j - 1]`) sends its
     least recently used block down one level; only level 0 evicts. A line read again and again climbs and
-    stays, one read a few times stays low (the retention probe: the L2 keeps lines with many readers)."""
+    stays, one read a few times stays low. With one level, a segmented LRU: data re-read often (SDPA's causal
+    K and V, a tile every few steps) stays longer than a stream read once or a cohort's tile read once a wave."""
 
     level_bytes: tuple = ()
     single_climbs: bool = False  # only reads by one CTA (not a cohort's, not shared) climb
@@ -466,8 +417,8 @@ VARIANTS = {
                                         kernel_fill_weights={"gemm_pv": 0.5}),
     "stale-random-in-pv-fill-0.75": dict(stale_random=True, stale_kernels=("gemm_pv",),
                                          kernel_fill_weights={"gemm_pv": 0.75}),
-    "slru-8": dict(protected_mib=8),
-    "slru-12": dict(protected_mib=12),
+    "slru-8": dict(levels_mib=(8,)),  # a segmented LRU: 8 MiB protected beside the model's cache
+    "slru-12": dict(levels_mib=(12,)),
     "levels-4x3": dict(levels_mib=(4, 4, 4)),
     "levels-2x6": dict(levels_mib=(2,) * 6),
     "levels-8x2": dict(levels_mib=(8, 8)),
@@ -489,7 +440,7 @@ def l2_of(variant: dict):
         options = {"read_fill_weight": cal["l2_read_fill_weight"], "flush_residue_bytes": int(cal["l2_flush_residue_bytes"]),
                    "residue_ramp_bytes": cal["l2_residue_ramp_bytes"], "cohort_weight": cal["l2_cohort_weight"],
                    **{k: v for k, v in variant.items()
-                      if k not in ("capacities", "pv_tiles", "sets", "stripe_kib", "protected_mib", "levels_mib",
+                      if k not in ("capacities", "pv_tiles", "sets", "stripe_kib", "levels_mib",
                                    "single_climbs", "dueling", "rrip")}}
         options["dirty_limit"] = options.get("dirty_limit", float("inf")) * MiB
         if "capacities" in variant and "sets" not in variant:
@@ -500,32 +451,20 @@ def l2_of(variant: dict):
         options["flush_residue_bytes"] //= sets
         options["residue_ramp_bytes"] /= sets
         options["dirty_limit"] /= sets  # each set caps its share of the dirty bytes
-        if "rrip" in variant:  # the model's sets, each replacing by re-reference prediction
-            return L2Sets(tuple(L2RRIP(capacity * MiB / sets, options["read_fill_weight"],
-                                       options["flush_residue_bytes"], options["residue_ramp_bytes"],
-                                       options["cohort_weight"], bimodal=variant["rrip"] == "bimodal")
-                                for _ in range(sets)), stripe_bytes)
-        if variant.get("dueling"):  # the model's sets, 4 leading with LRU, 4 with bimodal fills, the others following
+        def sets_of(cache, each=lambda i: {}):  # the model's sets, each a `cache` with its share
+            share = (capacity * MiB / sets, options["read_fill_weight"], options["flush_residue_bytes"],
+                     options["residue_ramp_bytes"], options["cohort_weight"])
+            return L2Sets(tuple(cache(*share, **each(i)) for i in range(sets)), stripe_bytes)
+
+        if "rrip" in variant:  # replacing by re-reference prediction
+            return sets_of(L2RRIP, lambda i: {"bimodal": variant["rrip"] == "bimodal"})
+        if variant.get("dueling"):  # 4 sets leading with LRU, 4 with bimodal fills, the others following
             duel = [512, 0]
-            return L2Sets(tuple(L2Dueling(capacity * MiB / sets, options["read_fill_weight"],
-                                          options["flush_residue_bytes"], options["residue_ramp_bytes"],
-                                          options["cohort_weight"], role={0: "lru", 1: "bip"}.get(i % 16, "follow"),
-                                          duel=duel)
-                                for i in range(sets)), stripe_bytes)
-        if "levels_mib" in variant:  # the model's sets, each with its share of every level
-            grid.lockstep = _ticking_lockstep
-            return L2Sets(tuple(L2Levels(capacity * MiB / sets, options["read_fill_weight"],
-                                         options["flush_residue_bytes"], options["residue_ramp_bytes"],
-                                         options["cohort_weight"],
-                                         level_bytes=tuple(m * MiB / sets for m in variant["levels_mib"]),
-                                         single_climbs=variant.get("single_climbs", False))
-                                for _ in range(sets)), stripe_bytes)
-        if "protected_mib" in variant:  # the model's sets, each with its share of a protected segment
+            return sets_of(L2Dueling, lambda i: {"role": {0: "lru", 1: "bip"}.get(i % 16, "follow"), "duel": duel})
+        if "levels_mib" in variant:  # each with its share of every level
             grid.lockstep = _ticking_lockstep  # run_programs looks it up at each call: the clock ticks
-            return L2Sets(tuple(L2Segmented(capacity * MiB / sets, options["read_fill_weight"],
-                                            options["flush_residue_bytes"], options["residue_ramp_bytes"],
-                                            options["cohort_weight"], protected_bytes=variant["protected_mib"] * MiB / sets)
-                                for _ in range(sets)), stripe_bytes)
+            return sets_of(L2Levels, lambda i: {"level_bytes": tuple(m * MiB / sets for m in variant["levels_mib"]),
+                                                "single_climbs": variant.get("single_climbs", False)})
         return L2Sets(tuple(L2Variant(capacity * MiB / sets, **options) for _ in range(sets)), stripe_bytes)
 
     return make
