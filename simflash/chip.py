@@ -57,8 +57,12 @@ def kernel_profile(name: str) -> KernelProfile:
 
 def resident_ctas(gpu: GPUSpec, profile: KernelProfile, block_q: int, block_kv: int, d: int, itemsize: int) -> int:
     """CTA slots on the whole chip for this kernel and tile configuration."""
-    occ = occupancy(gpu, profile.threads(block_q, block_kv, d), profile.registers(d),
-                    profile.shared_bytes(block_q, block_kv, d, itemsize))
+    shared = profile.shared_bytes(block_q, block_kv, d, itemsize)
+    if shared > gpu.max_shared_bytes_per_cta:
+        raise ValueError(f"block_q={block_q} and block_kv={block_kv} at d={d}, {itemsize}-byte elements need "
+                         f"{shared} bytes of shared memory per CTA of the {profile.name} kernel, over the "
+                         f"{gpu.name}'s {gpu.max_shared_bytes_per_cta}: expected smaller tiles")
+    occ = occupancy(gpu, profile.threads(block_q, block_kv, d), profile.registers(d), shared)
     return occ.cta_slots_per_sm * gpu.sm_count
 
 

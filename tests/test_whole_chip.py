@@ -314,6 +314,8 @@ def test_predict_refuses_bad_input():
         predict(causal="no")
     with pytest.raises(ValueError, match="heads"):
         predict(heads=0)
+    with pytest.raises(ValueError, match="block_q=128 and block_kv=64 at d=256, 4-byte elements need 393216 bytes"):
+        predict("fa2", 2048, 256, dtype="float32")
     with pytest.raises(ValueError, match="schedule"):
         sf.flash_attention(*_inputs(0, 1, 8, 8, 8), schedule="parallel")
 
