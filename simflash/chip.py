@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import attrs
 
-from simflash.algorithms.naive import GEMM_TILE_ROWS
+from simflash.algorithms.naive import GEMM_TILE_ROWS, KERNELS
 from simflash.config import GPUSpec
 from simflash.l2 import L2, L2Cache, L2Mixture, L2Sets
 from simflash.occupancy import occupancy
@@ -81,11 +81,14 @@ def l2_cache(gpu: GPUSpec) -> L2:
     spread = gpu.calibration.get("l2_capacity_spread_bytes", 0.0)
     sets = int(gpu.calibration.get("l2_sets", 1))
 
+    kernel_fill_weights = {kernel: gpu.calibration[f"l2_{kernel}_read_fill_weight"] for kernel in KERNELS
+                           if f"l2_{kernel}_read_fill_weight" in gpu.calibration}
+
     def lru(size: float) -> L2Cache:
         return L2Cache(size, gpu.calibration.get("l2_read_fill_weight", 1.0),
                        int(gpu.calibration.get("l2_flush_residue_bytes", 0)) // sets,
                        gpu.calibration.get("l2_residue_ramp_bytes", 0.0) / sets,
-                       gpu.calibration.get("l2_cohort_weight", 1.0))
+                       gpu.calibration.get("l2_cohort_weight", 1.0), kernel_fill_weights)
 
     if sets > 1:
         return L2Sets(tuple(lru(capacity / sets) for _ in range(sets)), int(gpu.calibration["l2_stripe_bytes"]))

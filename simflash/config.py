@@ -165,7 +165,8 @@ def _parse_machine(text: str, source: str) -> GPUSpec:
 
 
 def _machine_value(source: str, key: str, value: object, kind: object) -> object:
-    """value checked against a GPUSpec field's type: str, a positive int or float, or a table of floats."""
+    """value checked against a GPUSpec field's type: str, a positive int or float, or a table of floats (in
+    `calibration`, fitted figures, zero allowed: a weight may be nothing)."""
     if kind is str:
         if not isinstance(value, str):
             raise ValueError(f"machine file {source}: key {key!r} must be a string, got {value!r}")
@@ -174,13 +175,16 @@ def _machine_value(source: str, key: str, value: object, kind: object) -> object
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ValueError(f"machine file {source}: key {key!r} must be a positive integer, got {value!r}")
         return value
-    if kind is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-            raise ValueError(f"machine file {source}: key {key!r} must be a positive number, got {value!r}")
+    if kind in (float, "non-negative"):
+        if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+                or value < 0 or (value == 0 and kind is float)):
+            expected = "a positive number" if kind is float else "a number >= 0"
+            raise ValueError(f"machine file {source}: key {key!r} must be {expected}, got {value!r}")
         return float(value)
     if not isinstance(value, dict):  # dict[str, float]
         raise ValueError(f"machine file {source}: key {key!r} must be a table of numbers, got {value!r}")
-    return {name: _machine_value(source, f"{key}.{name}", number, float) for name, number in value.items()}
+    entry_kind = "non-negative" if key == "calibration" else float
+    return {name: _machine_value(source, f"{key}.{name}", number, entry_kind) for name, number in value.items()}
 
 
 # The built-in machine files, in the order tables list them.

@@ -88,13 +88,15 @@ class L2Cache:
     """An LRU, write-back, write-allocate cache of `capacity_bytes`, counting by (kernel, tensor).
 
     A block filled by a read miss holds `read_fill_weight` of its size until it is read again (a
-    stream read once leaves less behind than data that is written or reused)."""
+    stream read once leaves less behind than data that is written or reused), or in the kernels
+    `kernel_fill_weights` names, their own weight."""
 
     capacity_bytes: float
     read_fill_weight: float = 1.0
     flush_residue_bytes: int = 0
     residue_ramp_bytes: float = 0.0
     cohort_weight: float = 1.0
+    kernel_fill_weights: Mapping[str, float] = attrs.field(factory=dict)
     kernel: str | None = None
     _blocks: OrderedDict[BlockKey, list] = attrs.field(factory=OrderedDict)  # key -> [nbytes, dirty, cost]
     _resident_cost: float = 0.0
@@ -113,7 +115,8 @@ class L2Cache:
         if block is None:
             flow[1] += nbytes
             flow[0] += nbytes * (count - 1)
-            self._insert(key, nbytes, dirty=False, cost=nbytes * (self.cohort_weight if shared else self.read_fill_weight))
+            fill = self.cohort_weight if shared else self.kernel_fill_weights.get(self.kernel, self.read_fill_weight)  # type: ignore[arg-type]
+            self._insert(key, nbytes, dirty=False, cost=nbytes * fill)
             return
         held = nbytes * (self.cohort_weight if shared else 1.0)
         if held != block[2]:

@@ -93,7 +93,9 @@ def h200_with(old: str, new: str) -> str:
     ("clock_hz = 1.98e9", "clock_hz = nan", "key 'clock_hz' must be a positive number, got nan"),
     ('name = "H200 SXM"', "name = 200", "key 'name' must be a string, got 200"),
     ("float16 = 989e12", 'float16 = "989e12"', "key 'peak_flops.float16' must be a positive number"),
-    ("[calibration]", "[calibration]\nl2_fraction = false", "key 'calibration.l2_fraction' must be a positive number"),
+    ("[calibration]", "[calibration]\nl2_fraction = false", "key 'calibration.l2_fraction' must be a number >= 0"),
+    ("[calibration]", "[calibration]\nl2_fraction = -0.5", "key 'calibration.l2_fraction' must be a number >= 0, got -0.5"),
+    ("float16 = 989e12", "float16 = 0", "key 'peak_flops.float16' must be a positive number, got 0"),
     ("sm_count = 132", "sm_count = 132\nsm_cout = 132", "unknown key 'sm_cout'"),
     ("sm_count = 132", "sm_count = ", "not valid TOML"),
 ])

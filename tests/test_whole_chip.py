@@ -90,6 +90,24 @@ def test_a_shared_read_counts_once_and_holds_the_cohort_weight():
         assert (flow.read_bytes, flow.hit_bytes) == (80, hit)
 
 
+def test_a_kernel_with_its_own_fill_weight_reads_without_displacing_what_it_writes():
+    """In a kernel `kernel_fill_weights` names, read fills hold that weight (0 for the naive Q K GEMM, as the
+    machine file has it): 80 bytes of Q and K read there leave all 100 bytes of S written around them dirty at
+    the end in a 100-byte cache; in another kernel, at a quarter, the 80 bytes of fills push 20 of S out."""
+    assert sf.model.physical.l2_cache(sf.GPUS["H200"]).caches[0].kernel_fill_weights == {"gemm_qk": 0.0}
+    for kernel, written_back in (("gemm_qk", 0), ("gemm_pv", 20)):
+        l2 = L2Cache(capacity_bytes=100, read_fill_weight=0.25, kernel_fill_weights={"gemm_qk": 0.0})
+        l2.kernel = kernel
+        for row in range(3):
+            l2.write(("S", 0, row), 20)
+        l2.read(("Q", 0, 0), 40)
+        l2.read(("K", 0, 0), 40)
+        l2.write(("S", 0, 3), 40)
+        l2.end_kernel()
+        flow = l2.traffic().ledger[kernel, "S"]
+        assert (flow.dram_write_bytes, flow.dirty_at_end_bytes) == (written_back, 100 - written_back)
+
+
 def test_a_mixture_keeps_data_reused_between_its_capacities_half_the_time():
     """A stream of 100 bytes read twice: caches of 90 and 110 bytes miss and hit the second pass; their
     mixture reads half of it again. The logical bytes are every cache's; the flush residue is carried

@@ -1,7 +1,8 @@
-"""Variants of the L2 model (simflash.l2), tried against the probe (probe.json) and the whole-chip sweeps,
-none of them kept: the scores docs/physical.md quotes for them.
+"""Variants of the L2 model (simflash.l2), tried against the probe (probe.json) and the whole-chip sweeps:
+the scores docs/physical.md quotes for them (kept, of those: the Q K GEMM's read fills at 0, `fills:gemm_qk=0`,
+now the machine file's `l2_gemm_qk_read_fill_weight`; each variant here is a change to the model as it stands).
 
-    python benchmarks/gpu/l2_probe/variants.py [VARIANT ...] [--sweeps] [--sdpa] [--probe-rows] [--heads] [--naive]
+    python benchmarks/gpu/l2_probe/variants.py [VARIANT | fills:KERNEL=WEIGHT,... ...] [--sweeps] [--sdpa] [--probe-rows] [--heads] [--naive]
                                                 [--flash] [--retention]
 
 Per variant: the probe's kernel rows predicted (DRAM bytes read and written, within 10% / 1 MiB, and the
@@ -32,6 +33,7 @@ import attrs
 import pv_tiles
 import simflash.grid as grid
 import simflash.model.physical as physical
+from simflash.chip import l2_cache as machine_l2
 from simflash.config import MiB, gpu_spec
 from simflash.l2 import RESIDUE, L2Cache, L2Mixture, L2Sets
 from simflash.model.calibration import KERNEL_OF, REGIME_SWEEPS, compare, load
@@ -53,8 +55,7 @@ class L2Variant(L2Cache):
     `reread_floor`: once the cache has evicted, that share of a clean block's hit by one CTA (a re-read)
     misses, as if the replacement sometimes picked live lines (SDPA's causal floor, floor.py);
     `victim_window`: the block evicted drawn at random (seeded) among that many least recently used, and
-    `kernel_victim_windows` in the kernels it names; `kernel_fill_weights`: the read-fill weight in the
-    kernels it names, in place of `read_fill_weight`; `dirty_read_weight`: the share of its size a dirty block
+    `kernel_victim_windows` in the kernels it names; `dirty_read_weight`: the share of its size a dirty block
     read holds; `reread_weight`: the share a clean block read again by one CTA holds (1: all of it);
     `dirty_read_demotes`: a read of a dirty block moving it to the least recently used end (evicted next);
     `stale_random`: the blocks an earlier kernel left, until this one writes them or reads them clean, evicted
@@ -68,29 +69,23 @@ class L2Variant(L2Cache):
     shared_rereads: bool = False
     reread_floor: float = 0.0
     victim_window: int = 1
-    kernel_fill_weights: dict = attrs.field(factory=dict)
     kernel_victim_windows: dict = attrs.field(factory=dict)
     dirty_read_weight: float = 1.0
     reread_weight: float = 1.0
     dirty_read_demotes: bool = False
+    demote_kernels: tuple = ()  # with dirty_read_demotes: only in these kernels (all where empty)
     stale_random: bool = False
     stale_kernels: tuple = ()  # with stale_random: only in these kernels (all where empty)
     _stale: set = attrs.field(factory=set)  # blocks an earlier kernel left and this one has not renewed
     _stale_order: list = attrs.field(factory=list)  # them, shuffled: the order they are evicted in
-    _base_fill_weight: float = 0.0
     _evicting: bool = False
     _random: random.Random = attrs.field(factory=lambda: random.Random(0))
     _dirty: OrderedDict = attrs.field(factory=OrderedDict)  # dirty keys, least recently used first
     _dirty_bytes: int = 0
 
-    def __attrs_post_init__(self):
-        self._base_fill_weight = self.read_fill_weight
-
     def read(self, key, nbytes, count=1, shared=False):
         if key in self._stale and not self._blocks[key][1]:  # a clean block read again is this kernel's
             self._stale.discard(key)
-        if self.kernel_fill_weights:
-            self.read_fill_weight = self.kernel_fill_weights.get(self.kernel, self._base_fill_weight)
         block = self._blocks.get(key)
         if block is None or not (block[1] or self.shared_rereads or self.reread_weight != 1.0):
             flow = self._flow(key[0])
@@ -116,7 +111,7 @@ class L2Variant(L2Cache):
         if self.dirty_read_renews:
             self._blocks.move_to_end(key)
             self._dirty.move_to_end(key)
-        elif self.dirty_read_demotes:
+        elif self.dirty_read_demotes and (not self.demote_kernels or self.kernel in self.demote_kernels):
             self._blocks.move_to_end(key, last=False)
             if key in self._dirty:
                 self._dirty.move_to_end(key, last=False)
@@ -399,6 +394,11 @@ VARIANTS = {
     "dirty-read-1.25": dict(dirty_read_weight=1.25),
     "dirty-read-1.5": dict(dirty_read_weight=1.5),
     "dirty-read-demotes": dict(dirty_read_demotes=True),
+    "qk-fill-0-demotes": dict(dirty_read_demotes=True, kernel_fill_weights={"gemm_qk": 0.0}),
+    "qk-fill-0-softmax-demotes": dict(dirty_read_demotes=True, demote_kernels=("softmax",),
+                                      kernel_fill_weights={"gemm_qk": 0.0}),
+    "qk-fill-0-pv-demotes": dict(dirty_read_demotes=True, demote_kernels=("gemm_pv",),
+                                 kernel_fill_weights={"gemm_qk": 0.0}),
     "demotes-pv-fill-1": dict(dirty_read_demotes=True, kernel_fill_weights={"gemm_pv": 1.0}),
     "demotes-pv-fill-0.75": dict(dirty_read_demotes=True, kernel_fill_weights={"gemm_pv": 0.75}),
     "demotes-pv-fill-0.5": dict(dirty_read_demotes=True, kernel_fill_weights={"gemm_pv": 0.5}),
@@ -443,6 +443,8 @@ def l2_of(variant: dict):
                       if k not in ("capacities", "pv_tiles", "sets", "stripe_kib", "levels_mib",
                                    "single_climbs", "dueling", "rrip")}}
         options["dirty_limit"] = options.get("dirty_limit", float("inf")) * MiB
+        options["kernel_fill_weights"] = {**machine_l2(gpu).caches[0].kernel_fill_weights,
+                                          **variant.get("kernel_fill_weights", {})}
         if "capacities" in variant and "sets" not in variant:
             return L2Mixture(tuple(L2Variant(c * MiB, **options) for c in variant["capacities"]))
         (capacity,) = variant.get("capacities", (cal["l2_effective_bytes"] / MiB,))
@@ -453,7 +455,7 @@ def l2_of(variant: dict):
         options["dirty_limit"] /= sets  # each set caps its share of the dirty bytes
         def sets_of(cache, each=lambda i: {}):  # the model's sets, each a `cache` with its share
             share = (capacity * MiB / sets, options["read_fill_weight"], options["flush_residue_bytes"],
-                     options["residue_ramp_bytes"], options["cohort_weight"])
+                     options["residue_ramp_bytes"], options["cohort_weight"], options["kernel_fill_weights"])
             return L2Sets(tuple(cache(*share, **each(i)) for i in range(sets)), stripe_bytes)
 
         if "rrip" in variant:  # replacing by re-reference prediction
@@ -549,7 +551,7 @@ def main(names: list[str], sweeps: bool, sdpa: bool, show_rows: bool, heads: boo
          flash: bool = False, retention: bool = False) -> None:
     model_naive = physical._naive
     for name in names or list(VARIANTS):
-        variant = VARIANTS[name]
+        variant = VARIANTS[name] if name in VARIANTS else kernel_fills(name)
         physical.l2_cache = l2_of(variant)  # what predict() builds its L2 with
         physical._naive = pv_tiles.naive if variant.get("pv_tiles") else model_naive
         if naive or flash:
@@ -587,6 +589,16 @@ def main(names: list[str], sweeps: bool, sdpa: bool, show_rows: bool, heads: boo
         print(f"  all eight sweeps: {show(all_sweeps)}", flush=True)
         print("  all eight sweeps by implementation: "
               + "  ".join(f"{i} {ok} of {n}" for i, (ok, n) in sorted(by_implementation.items())), flush=True)
+
+
+def kernel_fills(name: str) -> dict:
+    """A variant named `fills:KERNEL=WEIGHT,...`: the read-fill weight in the kernels it names (`all`: in every
+    other kernel, in place of the machine file's)."""
+    if not name.startswith("fills:"):
+        raise SystemExit(f"unknown variant {name!r}: one of {sorted(VARIANTS)} or fills:KERNEL=WEIGHT,...")
+    weights = {kernel: float(weight) for kernel, weight in (item.split("=") for item in name[6:].split(","))}
+    everywhere = {"read_fill_weight": weights.pop("all")} if "all" in weights else {}
+    return {"kernel_fill_weights": weights, **everywhere}
 
 
 def heads_rows() -> str:
