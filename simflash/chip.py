@@ -72,6 +72,12 @@ def gemm_pv_wave_rows(gpu: GPUSpec) -> int:
     return gpu.sm_count * GEMM_TILE_ROWS
 
 
+def kernel_fill_weights(gpu: GPUSpec) -> dict[str, float]:
+    """The read-fill weights the machine file gives naive kernels of their own (`l2_<kernel>_read_fill_weight`)."""
+    return {kernel: gpu.calibration[f"l2_{kernel}_read_fill_weight"] for kernel in KERNELS
+            if f"l2_{kernel}_read_fill_weight" in gpu.calibration}
+
+
 def l2_cache(gpu: GPUSpec) -> L2:
     """The L2 one kernel's stream sees: the fitted effective capacity, read-fill and cohort weights, flush residue
     where the machine file has them, the nameplate size (plain LRU) otherwise; divided into hashed sets where
@@ -81,14 +87,11 @@ def l2_cache(gpu: GPUSpec) -> L2:
     spread = gpu.calibration.get("l2_capacity_spread_bytes", 0.0)
     sets = int(gpu.calibration.get("l2_sets", 1))
 
-    kernel_fill_weights = {kernel: gpu.calibration[f"l2_{kernel}_read_fill_weight"] for kernel in KERNELS
-                           if f"l2_{kernel}_read_fill_weight" in gpu.calibration}
-
     def lru(size: float) -> L2Cache:
         return L2Cache(size, gpu.calibration.get("l2_read_fill_weight", 1.0),
                        int(gpu.calibration.get("l2_flush_residue_bytes", 0)) // sets,
                        gpu.calibration.get("l2_residue_ramp_bytes", 0.0) / sets,
-                       gpu.calibration.get("l2_cohort_weight", 1.0), kernel_fill_weights)
+                       gpu.calibration.get("l2_cohort_weight", 1.0), kernel_fill_weights(gpu))
 
     if sets > 1:
         return L2Sets(tuple(lru(capacity / sets) for _ in range(sets)), int(gpu.calibration["l2_stripe_bytes"]))

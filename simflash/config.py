@@ -164,7 +164,7 @@ def _parse_machine(text: str, source: str) -> GPUSpec:
     return GPUSpec(**values)
 
 
-def _machine_value(source: str, key: str, value: object, kind: object) -> object:
+def _machine_value(source: str, key: str, value: object, kind: object, zero_allowed: bool = False) -> object:
     """value checked against a GPUSpec field's type: str, a positive int or float, or a table of floats (in
     `calibration`, fitted figures, zero allowed: a weight may be nothing)."""
     if kind is str:
@@ -175,16 +175,16 @@ def _machine_value(source: str, key: str, value: object, kind: object) -> object
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ValueError(f"machine file {source}: key {key!r} must be a positive integer, got {value!r}")
         return value
-    if kind in (float, "non-negative"):
+    if kind is float:
         if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-                or value < 0 or (value == 0 and kind is float)):
-            expected = "a positive number" if kind is float else "a number >= 0"
+                or value < 0 or (value == 0 and not zero_allowed)):
+            expected = "a number >= 0" if zero_allowed else "a positive number"
             raise ValueError(f"machine file {source}: key {key!r} must be {expected}, got {value!r}")
         return float(value)
     if not isinstance(value, dict):  # dict[str, float]
         raise ValueError(f"machine file {source}: key {key!r} must be a table of numbers, got {value!r}")
-    entry_kind = "non-negative" if key == "calibration" else float
-    return {name: _machine_value(source, f"{key}.{name}", number, entry_kind) for name, number in value.items()}
+    return {name: _machine_value(source, f"{key}.{name}", number, float, zero_allowed=key == "calibration")
+            for name, number in value.items()}
 
 
 # The built-in machine files, in the order tables list them.

@@ -33,7 +33,7 @@ import attrs
 import pv_tiles
 import simflash.grid as grid
 import simflash.model.physical as physical
-from simflash.chip import l2_cache as machine_l2
+from simflash.chip import kernel_fill_weights
 from simflash.config import MiB, gpu_spec
 from simflash.l2 import RESIDUE, L2Cache, L2Mixture, L2Sets
 from simflash.model.calibration import KERNEL_OF, REGIME_SWEEPS, compare, load
@@ -443,8 +443,7 @@ def l2_of(variant: dict):
                       if k not in ("capacities", "pv_tiles", "sets", "stripe_kib", "levels_mib",
                                    "single_climbs", "dueling", "rrip")}}
         options["dirty_limit"] = options.get("dirty_limit", float("inf")) * MiB
-        options["kernel_fill_weights"] = {**machine_l2(gpu).caches[0].kernel_fill_weights,
-                                          **variant.get("kernel_fill_weights", {})}
+        options["kernel_fill_weights"] = {**kernel_fill_weights(gpu), **variant.get("kernel_fill_weights", {})}
         if "capacities" in variant and "sets" not in variant:
             return L2Mixture(tuple(L2Variant(c * MiB, **options) for c in variant["capacities"]))
         (capacity,) = variant.get("capacities", (cal["l2_effective_bytes"] / MiB,))
