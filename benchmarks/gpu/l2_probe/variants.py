@@ -3,7 +3,7 @@ the scores docs/physical.md quotes for them (kept, of those: the Q K GEMM's read
 now the machine file's `l2_gemm_qk_read_fill_weight`; each variant here is a change to the model as it stands).
 
     python benchmarks/gpu/l2_probe/variants.py [VARIANT | fills:KERNEL=WEIGHT,... ...] [--sweeps] [--sdpa] [--probe-rows] [--heads] [--naive]
-                                                [--flash] [--retention]
+                                                [--flash] [--retention] [--bands]
 
 Per variant: the probe's kernel rows predicted (DRAM bytes read and written, within 10% / 1 MiB, and the
 absolute error in MiB), and the calibration sweep's fit rows within 10% / 1 MiB (naive and simflash's
@@ -14,7 +14,8 @@ written, predicted / measured. A variant with `pv_tiles` also plays the naive pa
 pv_tiles.py lays it out. With --heads, the heads probe's causal grids at d = 128 (sdpa_kv_order/heads.json):
 DRAM MiB read beyond Q + K + V per head, predicted / measured. With --retention, the retention probe's
 rotated readers (retention.json) replayed in lock-step: the share of their re-reads that miss, predicted /
-measured. With --naive, only the naive path's rows
+measured. With --bands, only the bands probe (bands.json) replayed in lock-step: the DRAM MiB read beyond
+the compulsory, predicted / measured. With --naive, only the naive path's rows
 no figure was fitted on (the eight sweeps less the calibration fit set), by kernel, cold and warm; with
 --flash, those rows of simflash's FA-2 kernel and PyTorch SDPA's; with either and --probe-rows, each of
 those rows' DRAM MiB read and written, measured / predicted.
@@ -30,6 +31,7 @@ from pathlib import Path
 
 import attrs
 
+import bands
 import pv_tiles
 import simflash.grid as grid
 import simflash.model.physical as physical
@@ -429,6 +431,10 @@ VARIANTS = {
     "dueling-50": dict(capacities=(50,), sets=57, dueling=True),
     "rrip-50": dict(capacities=(50,), sets=57, rrip="static"),
     "brrip-50": dict(capacities=(50,), sets=57, rrip="bimodal"),
+    # equal mixtures of five LRU caches spread about the effective capacity (the bands probe's gradual losses)
+    "mix-12-45": dict(capacities=(12, 20.25, 28.5, 36.75, 45)),
+    "mix-16-41": dict(capacities=(16, 22.25, 28.5, 34.75, 41)),
+    "mix-20-37": dict(capacities=(20, 24.25, 28.5, 32.75, 37)),
 }
 
 
@@ -547,7 +553,7 @@ def show(counts: dict[tuple[str, str, str], list[int]]) -> str:
 
 
 def main(names: list[str], sweeps: bool, sdpa: bool, show_rows: bool, heads: bool = False, naive: bool = False,
-         flash: bool = False, retention: bool = False) -> None:
+         flash: bool = False, retention: bool = False, band_probe: bool = False) -> None:
     model_naive = physical._naive
     for name in names or list(VARIANTS):
         variant = VARIANTS[name] if name in VARIANTS else kernel_fills(name)
@@ -572,6 +578,10 @@ def main(names: list[str], sweeps: bool, sdpa: bool, show_rows: bool, heads: boo
             print(f"  heads probe (MiB a head beyond Q + K + V, predicted / measured): {heads_rows()}", flush=True)
         if retention:
             print(f"  retention probe (re-reads missed, predicted / measured): {retention_rows(variant)}", flush=True)
+        if band_probe:
+            print(f"  bands probe (DRAM MiB read beyond the compulsory, predicted / measured): {bands_rows(variant)}",
+                  flush=True)
+            continue
         parts = [("calibration fit", "calibration", "fit")]
         if sweeps:
             parts += [("calibration held-out", "calibration", "held-out")] + [(s, s, None) for s in REGIME_SWEEPS[1:]]
@@ -645,6 +655,42 @@ def retention_rows(variant: dict) -> str:
     return "; ".join(cells)
 
 
+def bands_rows(variant: dict) -> str:
+    """The bands probe (bands.json) replayed through the variant's L2: its 132 CTAs in lock-step, one tile each
+    a step (the tiles in launch order), each step's reads of K's blocks and Q's bands first (a block several of
+    the step's tiles read, a cohort's), then its S tiles written (or, `read`, another buffer's read); per
+    case, the DRAM MiB read beyond the compulsory, predicted / measured."""
+    make = l2_of(variant)
+    cells = []
+    for row in json.loads((HERE / "bands.json").read_text())["rows"]:
+        n, group = row["n"], row["group"]
+        per_band, band_count = n // bands.KEY_BLOCK, n // bands.QUERY_BAND
+        group = group or per_band
+        l2 = make(gpu_spec("H200"))
+        l2.flush()
+        l2.kernel = "bands"
+        tiles = per_band * band_count
+        for first in range(0, tiles, bands.CTAS):
+            step = range(first, min(first + bands.CTAS, tiles))
+            places = [(t // (group * band_count) * group + t % (group * band_count) % group,
+                       t % (group * band_count) // group) for t in step]  # (block of K, band of Q)
+            for key, size in ((("K", b), 32 * 1024) for b in sorted({b for b, _ in places})):
+                l2.read(key, size, sum(b == key[1] for b, _ in places))
+            for key, size in ((("Q", q), 64 * 1024) for q in sorted({q for _, q in places})):
+                l2.read(key, size, sum(q == key[1] for _, q in places))
+            for t in step:
+                if row["mode"] == "write":
+                    l2.write(("S", t), 64 * 1024)
+                elif row["mode"] == "read":
+                    l2.read(("R", t), 64 * 1024)
+        l2.end_kernel()
+        compulsory = 2 * bands.operand_bytes(n) + (bands.stream_bytes(n) if row["mode"] == "read" else 0)
+        predicted = l2.traffic().by_kernel["bands"].dram_read_bytes - compulsory
+        cells.append(f"{row['mode']} {n} G{row['group'] or '-'} {predicted / MiB:.2f} / "
+                     f"{(row['dram_read_bytes'] - compulsory) / MiB:.2f}")
+    return "; ".join(cells)
+
+
 def summed(tables: list[dict]) -> dict:
     """Several tables of {cell: [rows within, rows]} added up cell by cell."""
     total: dict = {}
@@ -657,7 +703,7 @@ def summed(tables: list[dict]) -> dict:
 
 
 if __name__ == "__main__":
-    flags = {"--sweeps", "--sdpa", "--probe-rows", "--heads", "--naive", "--flash", "--retention"}
+    flags = {"--sweeps", "--sdpa", "--probe-rows", "--heads", "--naive", "--flash", "--retention", "--bands"}
     main([a for a in sys.argv[1:] if a not in flags], "--sweeps" in sys.argv[1:], "--sdpa" in sys.argv[1:],
          "--probe-rows" in sys.argv[1:], "--heads" in sys.argv[1:], "--naive" in sys.argv[1:],
-         "--flash" in sys.argv[1:], "--retention" in sys.argv[1:])
+         "--flash" in sys.argv[1:], "--retention" in sys.argv[1:], "--bands" in sys.argv[1:])
