@@ -435,6 +435,11 @@ VARIANTS = {
     "mix-12-45": dict(capacities=(12, 20.25, 28.5, 36.75, 45)),
     "mix-16-41": dict(capacities=(16, 22.25, 28.5, 34.75, 41)),
     "mix-20-37": dict(capacities=(20, 24.25, 28.5, 32.75, 37)),
+    # the model's capacity in fewer or more hashed sets, with wider stripes; a cohort's blocks holding less
+    "sets-28.5-8": dict(capacities=(28.5,), sets=8, stripe_kib=16),
+    "sets-28.5-8-stripes-64": dict(capacities=(28.5,), sets=8, stripe_kib=64),
+    "sets-28.5-114-stripes-16": dict(capacities=(28.5,), sets=114, stripe_kib=16),
+    "cohort-0.7": dict(cohort_weight=0.7),
 }
 
 
