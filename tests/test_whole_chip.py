@@ -459,6 +459,21 @@ def test_sdpa_s_causal_grids_of_several_waves_carry_the_diagonal_reuse_note():
     assert predict("fa2", 4096, 128, heads=32, causal=True).notes == ()  # simflash's kernel walks from the first tile
 
 
+def test_naive_predictions_say_where_cublas_does_what_the_model_does_not():
+    """From one head's S of 50 MiB at 16-bit elements (N = 5,120; what was measured) the Q K GEMM's reads carry
+    a note; warm, from 8 MiB of P in all, the P V GEMM's writes do."""
+    assert predict("naive", 4096, 128, heads=1).notes == ()
+    (qk,) = predict("naive", 5120, 128, heads=1).notes
+    assert qk.startswith("gemm_qk reads Q and K once") and "2.9 at 16,384" in qk
+    assert predict("naive", 4096, 128, n_kv=6400, heads=1, dtype="bfloat16").notes == (qk,)
+    assert predict("naive", 5120, 128, heads=1, dtype="float32").notes == ()  # not measured
+    assert predict("naive", 256, 128, heads=8, cache="warm").notes == ()  # 1 MiB of P
+    (pv,) = predict("naive", 1024, 128, heads=8, cache="warm").notes  # 16 MiB of P
+    assert pv.startswith("gemm_pv's warm DRAM writes") and "130 of the sweeps' 224" in pv
+    assert predict("naive", 1024, 128, heads=8, cache="cold").notes == ()
+    assert predict("naive", 8192, 128, heads=1, cache="warm").notes == (qk, pv)
+
+
 def test_the_pv_gemm_walks_p_a_column_chunk_at_a_time_and_writes_o_a_wave_at_a_time():
     """N = 1024, d = 128, fp16: rows of S stream in blocks of 128, P's columns in chunks of 512. With waves of
     512 rows of O, the P V GEMM's CTA takes a step per (wave, chunk): it reads that chunk of every row block of

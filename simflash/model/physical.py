@@ -110,7 +110,8 @@ def predict(
               "causal_variant": causal_variant, "dtype": dtype, "gpu": spec.name, "cache": cache}
     l2 = l2_cache(spec)
     if algorithm == "naive":
-        return PhysicalPrediction(config, _naive(spec, l2, n, n_kv, d, heads, causal, causal_variant, itemsize, cache))
+        return PhysicalPrediction(config, _naive(spec, l2, n, n_kv, d, heads, causal, causal_variant, itemsize, cache),
+                                  _naive_notes(n, n_kv, heads, itemsize, cache))
     config.update(kernel=kernel, block_q=block_q, block_kv=block_kv)
     if kernel == "sdpa_flash" and (block_q, block_kv) == profile.tiles(d) and (
             not causal or n == n_kv or causal_variant == "lower_right"):  # the split path's mask is bottom-right
@@ -153,6 +154,26 @@ def _diagonal_notes(profile: KernelProfile, causal: bool, ctas: int, slots: int)
             "least-recently-used caches do not describe: over several waves its DRAM reads are the model's "
             "least reliable (at d = 128, off by up to a few times on the sweeps; docs/physical.md, "
             "\"Where it is wrong\")",)
+
+
+QK_REREAD_SCORES = 5120 * 5120  # one head's S (fp16 or bf16) from which cuBLAS's Q K GEMM reads Q and K again
+PV_WARM_SCORE_BYTES = 8 * 1024 * 1024  # P (all heads) from which the P V GEMM's warm writes go astray
+
+
+def _naive_notes(n: int, n_kv: int, heads: int, itemsize: int, cache: str) -> tuple[str, ...]:
+    """Where the naive path's cuBLAS kernels do what the model's one CTA a head does not, notes saying so, with
+    what the sweeps measured (docs/physical.md, "Where it is wrong")."""
+    notes = []
+    if itemsize == 2 and n * n_kv >= QK_REREAD_SCORES:  # measured at fp16 only
+        notes.append("gemm_qk reads Q and K once; cuBLAS's Q K GEMM reads them again as its tile scheduler walks "
+                     "one head's S of 50 MiB or more (measured, fp16, d = 128: 1.1 to 1.2 times Q + K at N = 5,120 to "
+                     "5,888, 1.6 at 8,192, 2.9 at 16,384; benchmarks/gpu/naive_warm/qk_rereads.txt, qk_large.txt), "
+                     "so its predicted DRAM reads are low there")
+    if cache == "warm" and heads * n * n_kv * itemsize >= PV_WARM_SCORE_BYTES:
+        notes.append("gemm_pv's warm DRAM writes (the P the softmax left dirty, written back as the GEMM runs) "
+                     "depend on the tile cuBLAS picks, which the model does not know: within 10% / 1 MiB of the "
+                     "measured on 130 of the sweeps' 224 unseen rows (benchmarks/gpu/naive_warm/pv_kernels.txt)")
+    return tuple(notes)
 
 
 def _spill_notes(spec: GPUSpec, profile: KernelProfile, d: int, causal: bool, own_build: bool) -> tuple[str, ...]:

@@ -678,6 +678,8 @@ def bands_rows(variant: dict) -> str:
         for first in range(0, tiles, bands.CTAS):
             step = range(first, min(first + bands.CTAS, tiles))
             places = [(t // (group * band_count) * group + t % (group * band_count) % group,
+                       band_count - 1 - t % (group * band_count) // group
+                       if row.get("serpentine") and t // (group * band_count) % 2 else
                        t % (group * band_count) // group) for t in step]  # (block of K, band of Q)
             for key, size in ((("K", b), 32 * 1024) for b in sorted({b for b, _ in places})):
                 l2.read(key, size, sum(b == key[1] for b, _ in places))
@@ -691,7 +693,7 @@ def bands_rows(variant: dict) -> str:
         l2.end_kernel()
         compulsory = 2 * bands.operand_bytes(n) + (bands.stream_bytes(n) if row["mode"] == "read" else 0)
         predicted = l2.traffic().by_kernel["bands"].dram_read_bytes - compulsory
-        cells.append(f"{row['mode']} {n} G{row['group'] or '-'} {predicted / MiB:.2f} / "
+        cells.append(f"{row['mode']} {n} G{row['group'] or '-'}{'s' if row.get('serpentine') else ''} {predicted / MiB:.2f} / "
                      f"{(row['dram_read_bytes'] - compulsory) / MiB:.2f}")
     return "; ".join(cells)
 
