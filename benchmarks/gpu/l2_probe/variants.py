@@ -11,7 +11,7 @@ FA-2 kernel, reads and writes, cold and warm: 256 in all), as the model's own fi
 --sweeps, every other sweep's rows too (run only after a variant has been judged on the fit rows); with
 --sdpa, PyTorch SDPA's FA-2 rows beside them; with --probe-rows, each probe kernel's DRAM MiB read and
 written, predicted / measured. A variant with `pv_tiles` also plays the naive path's P V GEMM as
-pv_tiles.py lays it out. With --heads, the heads probe's causal grids at d = 128 (sdpa_kv_order/heads.json):
+pv_tiles.py lays it out; with `qk_tiles`, its Q K GEMM as qk_tiles.py does. With --heads, the heads probe's causal grids at d = 128 (sdpa_kv_order/heads.json):
 DRAM MiB read beyond Q + K + V per head, predicted / measured. With --retention, the retention probe's
 rotated readers (retention.json) replayed in lock-step: the share of their re-reads that miss, predicted /
 measured. With --bands, only the bands probe (bands.json) replayed in lock-step: the DRAM MiB read beyond
@@ -33,6 +33,7 @@ import attrs
 
 import bands
 import pv_tiles
+import qk_tiles
 import simflash.grid as grid
 import simflash.model.physical as physical
 from simflash.chip import kernel_fill_weights
@@ -382,6 +383,7 @@ VARIANTS = {
     "sets-27.5-57": dict(capacities=(27.5,), sets=57, stripe_kib=16),
     "dirty-read-renews": dict(dirty_read_renews=True),
     "pv-tiles": dict(pv_tiles=True),
+    "qk-tiles": dict(qk_tiles=True),
     "fill-0.5": dict(read_fill_weight=0.5),
     "fill-0.1": dict(read_fill_weight=0.1),
     "random-victim-8": dict(victim_window=8),
@@ -451,7 +453,7 @@ def l2_of(variant: dict):
         options = {"read_fill_weight": cal["l2_read_fill_weight"], "flush_residue_bytes": int(cal["l2_flush_residue_bytes"]),
                    "residue_ramp_bytes": cal["l2_residue_ramp_bytes"], "cohort_weight": cal["l2_cohort_weight"],
                    **{k: v for k, v in variant.items()
-                      if k not in ("capacities", "pv_tiles", "sets", "stripe_kib", "levels_mib",
+                      if k not in ("capacities", "pv_tiles", "qk_tiles", "sets", "stripe_kib", "levels_mib",
                                    "single_climbs", "dueling", "rrip")}}
         options["dirty_limit"] = options.get("dirty_limit", float("inf")) * MiB
         options["kernel_fill_weights"] = {**kernel_fill_weights(gpu), **variant.get("kernel_fill_weights", {})}
@@ -563,7 +565,9 @@ def main(names: list[str], sweeps: bool, sdpa: bool, show_rows: bool, heads: boo
     for name in names or list(VARIANTS):
         variant = VARIANTS[name] if name in VARIANTS else kernel_fills(name)
         physical.l2_cache = l2_of(variant)  # what predict() builds its L2 with
-        physical._naive = pv_tiles.naive if variant.get("pv_tiles") else model_naive
+        qk_tiles.MODEL_NAIVE = model_naive
+        physical._naive = (pv_tiles.naive if variant.get("pv_tiles") else qk_tiles.naive if variant.get("qk_tiles")
+                           else model_naive)
         if naive or flash:
             implementations = ("naive",) if naive else ("fa2", "sdpa_flash")
             with Pool(2) as pool:
