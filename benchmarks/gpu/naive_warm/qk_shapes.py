@@ -19,10 +19,11 @@ D = 128
 METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum", "gpu__time_duration.sum")
 
 
-def target() -> None:
+def run_gemms(shapes: list[tuple[int, int]]) -> None:
+    """S = Q K^T for one head at each (rows of Q, rows of K): what ncu profiles."""
     import torch
 
-    for n, m in SHAPES:
+    for n, m in shapes:
         q = torch.randn(1, n, D, device="cuda", dtype=torch.float16)
         k = torch.randn(1, m, D, device="cuda", dtype=torch.float16)
         torch.matmul(q, k.transpose(-1, -2))
@@ -30,22 +31,24 @@ def target() -> None:
     torch.cuda.synchronize()
 
 
-def main(out: Path) -> None:
+def profile_gemms(script: str, out: Path, name: str, shapes: list[tuple[int, int]]) -> Path:
+    """Run `script --target` (which calls run_gemms(shapes)) under ncu, cold; write out/{name}_ncu.csv and
+    out/{name}.json (the command and a row per GEMM: n, m, d, the kernel, the metrics); the JSON's path."""
     from simflash.backends.profile import parse_ncu_csv
 
     command = ["ncu", "--clock-control", "none", "--cache-control", "all", "--kernel-name", "regex:nvjet|gemm|Kernel",
-               "--csv", "--print-units", "base", "--metrics", ",".join(METRICS), sys.executable, __file__, "--target"]
+               "--csv", "--print-units", "base", "--metrics", ",".join(METRICS), sys.executable, script, "--target"]
     run = subprocess.run(command, capture_output=True, text=True, check=True)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "qk_shapes_ncu.csv").write_text(run.stdout)
+    (out / f"{name}_ncu.csv").write_text(run.stdout)
     kernels = [k for k in parse_ncu_csv(run.stdout) if "nvjet" in k["name"] or "gemm" in k["name"].lower()]
-    if len(kernels) != len(SHAPES):
-        raise RuntimeError(f"{len(kernels)} GEMM kernels profiled, {len(SHAPES)} expected: "
+    if len(kernels) != len(shapes):
+        raise RuntimeError(f"{len(kernels)} GEMM kernels profiled, {len(shapes)} expected: "
                            f"{[k['name'][:60] for k in kernels]}")
     rows = [{"n": n, "m": m, "d": D, "kernel": k["name"].split("(")[0], **{x: k["metrics"][x] for x in METRICS}}
-            for (n, m), k in zip(SHAPES, kernels)]
-    (out / "qk_shapes.json").write_text(json.dumps({"command": " ".join(command), "rows": rows}, indent=1))
-    show(out / "qk_shapes.json")
+            for (n, m), k in zip(shapes, kernels)]
+    (out / f"{name}.json").write_text(json.dumps({"command": " ".join(command), "rows": rows}, indent=1))
+    return out / f"{name}.json"
 
 
 def show(path: Path) -> None:
@@ -59,8 +62,8 @@ def show(path: Path) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["--target"]:
-        target()
+        run_gemms(SHAPES)
     elif sys.argv[1:2] == ["--show"]:
         show(Path(sys.argv[2]))
     else:
-        main(Path(sys.argv[1]))
+        show(profile_gemms(__file__, Path(sys.argv[1]), "qk_shapes", SHAPES))
