@@ -7,10 +7,9 @@ of K, and the nvjet kernel that ran, to see whether the re-reads of qk_rereads.t
 """
 
 import json
-import sys
 from pathlib import Path
 
-from qk_shapes import profile_gemms, run_gemms
+from qk_shapes import cli
 
 SEQUENCES = (4096, 6144, 8192, 10240, 12288, 16384)
 SHAPES = [(n, n) for n in SEQUENCES]
@@ -26,9 +25,4 @@ def show(path: Path) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--target"]:
-        run_gemms(SHAPES)
-    elif sys.argv[1:2] == ["--show"]:
-        show(Path(sys.argv[2]))
-    else:
-        show(profile_gemms(__file__, Path(sys.argv[1]), "qk_large", SHAPES))
+    cli(__file__, "qk_large", SHAPES, show)

@@ -60,10 +60,16 @@ def show(path: Path) -> None:
               f"  {beyond / q:4.0%}  {beyond / k:4.0%}  {row['gpu__time_duration.sum'] / 1e3:7.0f}  {row['kernel'][:60]}")
 
 
-if __name__ == "__main__":
+def cli(script: str, name: str, shapes: list[tuple[int, int]], show) -> None:
+    """A GEMM probe's entry: --target runs the GEMMs (what ncu profiles), --show JSON prints a saved run,
+    OUT_DIR profiles them into it."""
     if sys.argv[1:] == ["--target"]:
-        run_gemms(SHAPES)
+        run_gemms(shapes)
     elif sys.argv[1:2] == ["--show"]:
         show(Path(sys.argv[2]))
     else:
-        show(profile_gemms(__file__, Path(sys.argv[1]), "qk_shapes", SHAPES))
+        show(profile_gemms(script, Path(sys.argv[1]), name, shapes))
+
+
+if __name__ == "__main__":
+    cli(__file__, "qk_shapes", SHAPES, show)
