@@ -79,6 +79,13 @@ class L2Variant(L2Cache):
     demote_kernels: tuple = ()  # with dirty_read_demotes: only in these kernels (all where empty)
     stale_random: bool = False
     stale_kernels: tuple = ()  # with stale_random: only in these kernels (all where empty)
+    clean_age_factor: float = 1.0  # a clean block ages this many times slower than a dirty one when they vie
+    clean_age_on_writes: bool = False  # with clean_age_factor: only where a write makes the room
+    clean_age_kernels: tuple = ()  # with clean_age_factor: only in these kernels (all where empty)
+    roomless_kernels: tuple = ()  # kernels whose reads hold no room, filled or read again (their fill weight 0)
+    _writing: bool = False
+    _clock: int = 0  # bytes brought in (fills and writes): the age a block's last touch is told by
+    _touched: dict = attrs.field(factory=dict)  # key -> _clock at its insertion or last move to the end
     _stale: set = attrs.field(factory=set)  # blocks an earlier kernel left and this one has not renewed
     _stale_order: list = attrs.field(factory=list)  # them, shuffled: the order they are evicted in
     _evicting: bool = False
@@ -87,12 +94,23 @@ class L2Variant(L2Cache):
     _dirty_bytes: int = 0
 
     def read(self, key, nbytes, count=1, shared=False):
+        if self.kernel in self.roomless_kernels:  # held as a cohort's block, at no weight
+            cohort_weight, self.cohort_weight = self.cohort_weight, 0.0
+            self._read(key, nbytes, count, True)
+            self.cohort_weight = cohort_weight
+            return
+        self._read(key, nbytes, count, shared)
+
+    def _read(self, key, nbytes, count, shared):
         if key in self._stale and not self._blocks[key][1]:  # a clean block read again is this kernel's
             self._stale.discard(key)
         block = self._blocks.get(key)
         if block is None or not (block[1] or self.shared_rereads or self.reread_weight != 1.0):
             flow = self._flow(key[0])
             hits = flow[0]
+            if block is None:
+                self._clock += nbytes
+            self._touched[key] = self._clock  # filled, or a clean block moved to the end
             super().read(key, nbytes, count, shared)
             if block is not None and count == 1 and self._evicting and self.reread_floor:
                 missed = round(nbytes * self.reread_floor)
@@ -105,6 +123,7 @@ class L2Variant(L2Cache):
             block[2] = held
             self._flow(key[0])[0] += nbytes * count
             self._blocks.move_to_end(key)
+            self._touched[key] = self._clock
             self._evict()
             return
         held = nbytes * self.dirty_weight * self.dirty_read_weight * (self.cohort_weight if count > 1 or shared else 1.0)
@@ -128,6 +147,8 @@ class L2Variant(L2Cache):
             self._resident_cost -= block[2]
             self._forget_dirty(key)
         self._blocks[key] = [nbytes, True, nbytes * self.dirty_weight]
+        self._clock += nbytes
+        self._touched[key] = self._clock
         self._resident_cost += nbytes * self.dirty_weight
         self._dirty[key] = nbytes
         self._dirty_bytes += nbytes
@@ -135,7 +156,9 @@ class L2Variant(L2Cache):
             self._filled += nbytes
             self._evict_residue()
         self._clean()
+        self._writing = True
         self._evict()
+        self._writing = False
 
     def end_kernel(self):
         super().end_kernel()
@@ -179,6 +202,10 @@ class L2Variant(L2Cache):
             while self._stale_order and key is None and (not self.stale_kernels or self.kernel in self.stale_kernels):
                 candidate = self._stale_order.pop()
                 key = candidate if candidate in self._stale else None
+            if key is None and self.clean_age_factor != 1.0 and self._dirty and (
+                    self._writing or not self.clean_age_on_writes) and (
+                    not self.clean_age_kernels or self.kernel in self.clean_age_kernels):
+                key = self._elder()
             if key is not None:
                 nbytes, dirty, cost = self._blocks.pop(key)
             elif window > 1:
@@ -192,6 +219,17 @@ class L2Variant(L2Cache):
             if dirty:
                 self._flow(key[0])[2] += nbytes
                 self._forget_dirty(key)
+
+
+    def _elder(self):
+        """The least recently used dirty block or clean one, whichever is the older once the clean one's age is
+        divided by clean_age_factor."""
+        dirty = next(iter(self._dirty))
+        clean = next((key for key, block in self._blocks.items() if not block[1]), None)
+        if clean is None:
+            return dirty
+        age = self._clock - self._touched.get(dirty, 0), (self._clock - self._touched.get(clean, 0)) / self.clean_age_factor
+        return dirty if age[0] >= age[1] else clean
 
 
 CLOCK = [0]  # time steps of the lock-step schedule played so far (what L2Levels tells a later hit by)
@@ -442,6 +480,22 @@ VARIANTS = {
     "sets-28.5-8-stripes-64": dict(capacities=(28.5,), sets=8, stripe_kib=64),
     "sets-28.5-114-stripes-16": dict(capacities=(28.5,), sets=114, stripe_kib=16),
     "cohort-0.7": dict(cohort_weight=0.7),
+    # a clean block ageing slower than a dirty one where they vie for a set's room
+    "clean-age-1.4": dict(clean_age_factor=1.4),
+    "clean-age-1.4-qk-tiles": dict(clean_age_factor=1.4, qk_tiles=True),
+    "clean-age-1.2": dict(clean_age_factor=1.2),
+    "clean-age-1.2-qk-tiles": dict(clean_age_factor=1.2, qk_tiles=True),
+    "write-clean-age-1.4": dict(clean_age_factor=1.4, clean_age_on_writes=True),
+    "write-clean-age-1.4-qk-tiles": dict(clean_age_factor=1.4, clean_age_on_writes=True, qk_tiles=True),
+    "qk-clean-age-1.4-qk-tiles": dict(clean_age_factor=1.4, clean_age_kernels=("gemm_qk",), qk_tiles=True),
+    "qk-clean-age-1.3-qk-tiles": dict(clean_age_factor=1.3, clean_age_kernels=("gemm_qk",), qk_tiles=True),
+    "qk-roomless-clean-age-1.4-qk-tiles": dict(clean_age_factor=1.4, clean_age_kernels=("gemm_qk",),
+                                               roomless_kernels=("gemm_qk",), qk_tiles=True),
+    "qk-roomless-clean-age-1.3-qk-tiles": dict(clean_age_factor=1.3, clean_age_kernels=("gemm_qk",),
+                                               roomless_kernels=("gemm_qk",), qk_tiles=True),
+    "qk-roomless-clean-age-1.5-qk-tiles": dict(clean_age_factor=1.5, clean_age_kernels=("gemm_qk",),
+                                               roomless_kernels=("gemm_qk",), qk_tiles=True),
+    "qk-clean-age-1.5-qk-tiles": dict(clean_age_factor=1.5, clean_age_kernels=("gemm_qk",), qk_tiles=True),
 }
 
 
