@@ -191,7 +191,17 @@ def _spill_notes(spec: GPUSpec, profile: KernelProfile, d: int, causal: bool, ow
     return ()
 
 
-def _naive(spec, l2: L2, n, n_kv, d, heads, causal, causal_variant, itemsize, cache):
+def _play_naive_kernel(kernel: str, sched: TileSchedule, heads: int, d: int, itemsize: int, wave_rows: int,
+                       l2: L2) -> tuple[list[int], int, int]:
+    """One naive kernel's CTAs played through the L2: their steps, the slots they run in, the makespan in steps."""
+    ctas = naive_grid(kernel, sched, heads, itemsize, wave_rows)
+    slots = concurrent_heads(kernel, sched, wave_rows)
+    resident = run_programs((naive_program(kernel, sched, cta, d, itemsize, wave_rows) for cta in ctas), slots, l2)
+    return [cta.n_steps for cta in ctas], slots, len(resident)
+
+
+def _naive(spec, l2: L2, n, n_kv, d, heads, causal, causal_variant, itemsize, cache, play=_play_naive_kernel):
+    """The three kernels, each played by `play` (the model's layout; the L2 variants lay a kernel out otherwise)."""
     sched = TileSchedule(n, n_kv, n, n_kv, causal=causal, causal_variant=causal_variant)
     stored = int(stored_per_row(sched).sum()) * heads
     wave_rows = gemm_pv_wave_rows(spec)
@@ -200,16 +210,13 @@ def _naive(spec, l2: L2, n, n_kv, d, heads, causal, causal_variant, itemsize, ca
         if cache == "cold" or kernel == NAIVE_KERNELS[0]:
             l2.flush(residue=cache == "cold")
         l2.kernel = kernel
-        ctas = naive_grid(kernel, sched, heads, itemsize, wave_rows)
-        slots = concurrent_heads(kernel, sched, wave_rows)
-        resident = run_programs((naive_program(kernel, sched, cta, d, itemsize, wave_rows) for cta in ctas), slots, l2)
+        n_steps, slots, makespan = play(kernel, sched, heads, d, itemsize, wave_rows, l2)
         l2.end_kernel()
         flow = l2.traffic().by_kernel[kernel]
         terms = naive_seconds(spec, kernel, flow, gemm_flops=2 * stored * d, rows=heads * n, exps=stored)
         launch = spec.calibration.get("naive_launch_seconds", LAUNCH_SECONDS)
-        predictions.append(_prediction(kernel, flow, terms, launch, heads, slots, sum(cta.n_steps for cta in ctas),
-                                       len(resident), busiest_sm_steps([cta.n_steps for cta in ctas], slots,
-                                                                       spec.sm_count)))
+        predictions.append(_prediction(kernel, flow, terms, launch, heads, slots, sum(n_steps), makespan,
+                                       busiest_sm_steps(n_steps, slots, spec.sm_count)))
     return tuple(predictions)
 
 

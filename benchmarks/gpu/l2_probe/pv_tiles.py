@@ -9,9 +9,9 @@ traffic-only prediction changes (`naive` replaces simflash.model.physical._naive
 no causal rows, so the causal case is left out.
 """
 
-from simflash.algorithms.naive import KERNELS, _row_blocks, naive_grid, naive_program, stored_per_row
+from simflash.algorithms.naive import GEMM_TILE_ROWS, _row_blocks, naive_grid, naive_program
 from simflash.grid import CTA, Access, CTAProgram, run_programs
-from simflash.model.physical import LAUNCH_SECONDS, _prediction, busiest_sm_steps, naive_seconds
+from simflash.model.physical import _naive
 from simflash.schedule import TileSchedule
 
 TILE_ROWS = 256  # rows of O per CTA (nvjet's 128 x 256 tile, transposed)
@@ -43,25 +43,16 @@ def programs(kernel: str, sched: TileSchedule, heads: int, d: int, itemsize: int
             for h in range(heads) for i, t in enumerate(tiles)]
 
 
+def play(kernel: str, sched: TileSchedule, heads: int, d: int, itemsize: int, wave_rows: int, l2):
+    """One kernel laid out as above, played through the L2 (what simflash.model.physical._naive takes as `play`):
+    the P V GEMM's CTAs one an SM (a wave's rows over GEMM_TILE_ROWS), the other kernels' one a head at a time."""
+    slots = wave_rows // GEMM_TILE_ROWS if kernel == "gemm_pv" else 1
+    kernel_programs = programs(kernel, sched, heads, d, itemsize)
+    return [p.cta.n_steps for p in kernel_programs], slots, len(run_programs(kernel_programs, slots, l2))
+
+
 def naive(spec, l2, n, n_kv, d, heads, causal, causal_variant, itemsize, cache):
     """simflash.model.physical._naive with the P V GEMM as tiles (one CTA per SM)."""
     if causal:
         raise ValueError("pv_tiles lays out the unmasked naive path only")
-    sched = TileSchedule(n, n_kv, n, n_kv, causal=causal, causal_variant=causal_variant)
-    stored = int(stored_per_row(sched).sum()) * heads
-    predictions = []
-    for kernel in KERNELS:
-        if cache == "cold" or kernel == KERNELS[0]:
-            l2.flush(residue=cache == "cold")
-        l2.kernel = kernel
-        slots = spec.sm_count if kernel == "gemm_pv" else 1
-        kernel_programs = programs(kernel, sched, heads, d, itemsize)
-        resident = run_programs(kernel_programs, slots, l2)
-        l2.end_kernel()
-        flow = l2.traffic().by_kernel[kernel]
-        terms = naive_seconds(spec, kernel, flow, gemm_flops=2 * stored * d, rows=heads * n, exps=stored)
-        launch = spec.calibration.get("naive_launch_seconds", LAUNCH_SECONDS)
-        predictions.append(_prediction(kernel, flow, terms, launch, heads, slots, 0, len(resident),
-                                       busiest_sm_steps([p.cta.n_steps for p in kernel_programs], slots,
-                                                        spec.sm_count)))
-    return tuple(predictions)
+    return _naive(spec, l2, n, n_kv, d, heads, causal, causal_variant, itemsize, cache, play=play)

@@ -16,11 +16,10 @@ prints the GEMM alone, so laid out, through the model's L2 (cold) for the shapes
 MiB read beyond Q + K, predicted / measured.
 """
 
-from simflash.algorithms.naive import KERNELS, _column_chunks, _piece_bytes, _row_blocks, block_rows, naive_grid
-from simflash.algorithms.naive import concurrent_heads, naive_program
-from simflash.chip import gemm_pv_wave_rows
-from simflash.grid import block_key, run_programs
-from simflash.model.physical import LAUNCH_SECONDS, _prediction, busiest_sm_steps, naive_seconds
+from simflash.algorithms.naive import _column_chunks, _piece_bytes, _row_blocks, block_rows, concurrent_heads
+from simflash.algorithms.naive import naive_grid, naive_program
+from simflash.grid import Access, CTAProgram, block_key, run_programs
+from simflash.model.physical import _naive
 from simflash.schedule import TileSchedule
 
 KEY_TILE, QUERY_TILE = 256, 128  # nvjet_sm90_hsh_256x128: rows of K and rows of Q per output tile
@@ -60,7 +59,6 @@ def softmax_programs(sched: TileSchedule, heads: int, itemsize: int, wave_rows: 
     """The model's softmax, reading each row block of S in its groups' pieces."""
     blocks, chunks, groups = _row_blocks(sched, itemsize), _column_chunks(sched), _groups(sched.n_kv)
     pieces = _piece_bytes(sched, blocks, chunks, itemsize)
-    from simflash.grid import Access, CTAProgram
 
     def step(h: int, t: int):
         r = blocks[t]
@@ -71,38 +69,24 @@ def softmax_programs(sched: TileSchedule, heads: int, itemsize: int, wave_rows: 
             for cta in naive_grid("softmax", sched, heads, itemsize, wave_rows)]
 
 
+def play(kernel: str, sched: TileSchedule, heads: int, d: int, itemsize: int, wave_rows: int, l2):
+    """One kernel through the L2 (what simflash.model.physical._naive takes as `play`): the Q K GEMM as nvjet's
+    tiles, the softmax reading S in the groups' pieces, the P V GEMM as the model lays it out."""
+    if kernel == "gemm_qk":
+        play_gemm_qk(l2, sched, heads, d, itemsize)
+        return [1], 1, 1
+    programs = (softmax_programs(sched, heads, itemsize, wave_rows) if kernel == "softmax" else
+                [naive_program(kernel, sched, cta, d, itemsize, wave_rows)
+                 for cta in naive_grid(kernel, sched, heads, itemsize, wave_rows)])
+    slots = concurrent_heads(kernel, sched, wave_rows)
+    return [p.cta.n_steps for p in programs], slots, len(run_programs(programs, slots, l2))
+
+
 def naive(spec, l2, n, n_kv, d, heads, causal, causal_variant, itemsize, cache):
     """simflash.model.physical._naive with the Q K GEMM as nvjet's tiles, where K has several groups."""
     if causal or n_kv <= GROUP_KEYS:
-        return MODEL_NAIVE(spec, l2, n, n_kv, d, heads, causal, causal_variant, itemsize, cache)
-    sched = TileSchedule(n, n_kv, n, n_kv, causal=causal, causal_variant=causal_variant)
-    stored = n * n_kv * heads
-    wave_rows = gemm_pv_wave_rows(spec)
-    predictions = []
-    for kernel in KERNELS:
-        if cache == "cold" or kernel == KERNELS[0]:
-            l2.flush(residue=cache == "cold")
-        l2.kernel = kernel
-        if kernel == "gemm_qk":
-            play_gemm_qk(l2, sched, heads, d, itemsize)
-            steps, slots, n_steps = 1, 1, [1]
-        else:
-            programs = (softmax_programs(sched, heads, itemsize, wave_rows) if kernel == "softmax" else
-                        [naive_program(kernel, sched, cta, d, itemsize, wave_rows)
-                         for cta in naive_grid(kernel, sched, heads, itemsize, wave_rows)])
-            slots = concurrent_heads(kernel, sched, wave_rows)
-            steps = len(run_programs(programs, slots, l2))
-            n_steps = [p.cta.n_steps for p in programs]
-        l2.end_kernel()
-        flow = l2.traffic().by_kernel[kernel]
-        terms = naive_seconds(spec, kernel, flow, gemm_flops=2 * stored * d, rows=heads * n, exps=stored)
-        launch = spec.calibration.get("naive_launch_seconds", LAUNCH_SECONDS)
-        predictions.append(_prediction(kernel, flow, terms, launch, heads, slots, 0, steps,
-                                       busiest_sm_steps(n_steps, slots, spec.sm_count)))
-    return tuple(predictions)
-
-
-MODEL_NAIVE = None  # simflash.model.physical._naive, set by variants.py before it is replaced
+        return _naive(spec, l2, n, n_kv, d, heads, causal, causal_variant, itemsize, cache)
+    return _naive(spec, l2, n, n_kv, d, heads, causal, causal_variant, itemsize, cache, play=play)
 
 
 def shapes_table() -> None:

@@ -619,7 +619,6 @@ def main(names: list[str], sweeps: bool, sdpa: bool, show_rows: bool, heads: boo
     for name in names or list(VARIANTS):
         variant = VARIANTS[name] if name in VARIANTS else kernel_fills(name)
         physical.l2_cache = l2_of(variant)  # what predict() builds its L2 with
-        qk_tiles.MODEL_NAIVE = model_naive
         physical._naive = (pv_tiles.naive if variant.get("pv_tiles") else qk_tiles.naive if variant.get("qk_tiles")
                            else model_naive)
         if naive or flash:
