@@ -72,10 +72,10 @@ def gemm_pv_wave_rows(gpu: GPUSpec) -> int:
     return gpu.sm_count * GEMM_TILE_ROWS
 
 
-def kernel_fill_weights(gpu: GPUSpec) -> dict[str, float]:
-    """The read-fill weights the machine file gives naive kernels of their own (`l2_<kernel>_read_fill_weight`)."""
-    return {kernel: gpu.calibration[f"l2_{kernel}_read_fill_weight"] for kernel in KERNELS
-            if f"l2_{kernel}_read_fill_weight" in gpu.calibration}
+def kernel_figures(gpu: GPUSpec, figure: str) -> dict[str, float]:
+    """An L2 figure the machine file gives naive kernels of their own (`l2_<kernel>_<figure>`), by kernel."""
+    return {kernel: gpu.calibration[f"l2_{kernel}_{figure}"] for kernel in KERNELS
+            if f"l2_{kernel}_{figure}" in gpu.calibration}
 
 
 def l2_cache(gpu: GPUSpec) -> L2:
@@ -91,7 +91,8 @@ def l2_cache(gpu: GPUSpec) -> L2:
         return L2Cache(size, gpu.calibration.get("l2_read_fill_weight", 1.0),
                        int(gpu.calibration.get("l2_flush_residue_bytes", 0)) // sets,
                        gpu.calibration.get("l2_residue_ramp_bytes", 0.0) / sets,
-                       gpu.calibration.get("l2_cohort_weight", 1.0), kernel_fill_weights(gpu))
+                       gpu.calibration.get("l2_cohort_weight", 1.0), kernel_figures(gpu, "read_weight"),
+                       kernel_figures(gpu, "clean_age_factor"))
 
     if sets > 1:
         return L2Sets(tuple(lru(capacity / sets) for _ in range(sets)), int(gpu.calibration["l2_stripe_bytes"]))

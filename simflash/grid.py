@@ -52,12 +52,14 @@ class CTA:
 @attrs.frozen
 class Access:
     """One block moved between HBM and a CTA. The key names the block: (tensor, head, first row). A `shared`
-    read is one that several CTAs make at once but the ledger counts once (the P V GEMM's chunks of V)."""
+    read is one that several CTAs make at once but the ledger counts once (the P V GEMM's chunks of V); a
+    read `again` is one the ledger counted already (the Q K GEMM's tiles of Q and K, read once a unit)."""
 
     key: BlockKey
     nbytes: int
     write: bool = False
     shared: bool = False
+    again: bool = False
 
 
 @attrs.frozen
@@ -143,7 +145,7 @@ def _play_step(step: int, members: list[CTAProgram], only_streaming: bool, l2: L
             if access.write:
                 l2.write(access.key, access.nbytes)
             else:
-                l2.read(access.key, access.nbytes, count=len(members), shared=access.shared)
+                l2.read(access.key, access.nbytes, count=len(members), shared=access.shared, again=access.again)
         return
     for program in members:
         if step == 0:
@@ -159,7 +161,7 @@ def _play(accesses: Iterable[Access], l2: L2) -> None:
         if access.write:
             l2.write(access.key, access.nbytes)
         else:
-            l2.read(access.key, access.nbytes, shared=access.shared)
+            l2.read(access.key, access.nbytes, shared=access.shared, again=access.again)
 
 
 def run_bodies(bodies: Mapping[CTA, Callable[[], Iterator]], slots: int) -> Iterator:

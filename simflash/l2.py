@@ -52,11 +52,13 @@ class L2Flow:
     dram_write_bytes: int = 0
     dirty_at_end_bytes: int = 0
     write_bytes: int = 0  # bytes the SMs wrote into the L2 (the logical writes)
+    again_bytes: int = 0  # reads of data the logical ledger counted already (a GEMM's operand tiles read again)
 
     @property
     def read_bytes(self) -> int:
-        """Bytes the SMs read through the L2 (the logical reads): hits plus misses."""
-        return self.hit_bytes + self.dram_read_bytes
+        """Bytes the SMs read through the L2 that the logical ledger counts: hits plus misses, less the reads
+        again."""
+        return self.hit_bytes + self.dram_read_bytes - self.again_bytes
 
     def __add__(self, other: L2Flow) -> L2Flow:
         return L2Flow(*(a + b for a, b in zip(attrs.astuple(self), attrs.astuple(other))))
@@ -88,42 +90,54 @@ class L2Cache:
     """An LRU, write-back, write-allocate cache of `capacity_bytes`, counting by (kernel, tensor).
 
     A block filled by a read miss holds `read_fill_weight` of its size until it is read again (a
-    stream read once leaves less behind than data that is written or reused), or in the kernels
-    `kernel_fill_weights` names, their own weight."""
+    stream read once leaves less behind than data that is written or reused). In the kernels
+    `kernel_read_weights` names, every read holds that kernel's weight, filled or read again.
+
+    In the kernels `kernel_clean_age_factors` names, a clean block ages that many times slower than a
+    dirty one: the victim is the least recently used dirty block unless the least recently used clean one
+    is older by the factor (ages in bytes brought in since each was filled, written or read again). A
+    GEMM writing its output around operand tiles it reads again keeps those tiles longer than least
+    recently used order would (benchmarks/gpu/l2_probe/bands.txt)."""
 
     capacity_bytes: float
     read_fill_weight: float = 1.0
     flush_residue_bytes: int = 0
     residue_ramp_bytes: float = 0.0
     cohort_weight: float = 1.0
-    kernel_fill_weights: Mapping[str, float] = attrs.field(factory=dict)
+    kernel_read_weights: Mapping[str, float] = attrs.field(factory=dict)
+    kernel_clean_age_factors: Mapping[str, float] = attrs.field(factory=dict)
     kernel: str | None = None
     _blocks: OrderedDict[BlockKey, list] = attrs.field(factory=OrderedDict)  # key -> [nbytes, dirty, cost]
     _resident_cost: float = 0.0
     _flows: dict[tuple[str, str], list[int]] = attrs.field(factory=dict)
     _residue_left: int = 0  # bytes of the flush residue still dirty in the cache
     _filled: int = 0  # bytes brought in (read misses and writes, at full size) since the flush
+    _touched: dict[BlockKey, int] = attrs.field(factory=dict)  # in an ageing kernel: _filled at a block's last touch
 
-    def read(self, key: BlockKey, nbytes: int, count: int = 1, shared: bool = False) -> None:
+    def read(self, key: BlockKey, nbytes: int, count: int = 1, shared: bool = False, again: bool = False) -> None:
         """`count` back-to-back reads of a block (CTAs in lock-step): the first may miss, the rest hit. A
         block one CTA fills holds `read_fill_weight` of its size until it is read again, then all of it;
         a block a cohort reads (count > 1), or that several CTAs read at once though counted once
-        (`shared`), holds `cohort_weight` of it."""
+        (`shared`), holds `cohort_weight` of it. `again`: reads the logical ledger counted already."""
         flow = self._flows.get((self.kernel, key[0])) or self._flow(key[0])  # type: ignore[arg-type]  # _flow inlined: the hot path
         block = self._blocks.get(key)
         shared = shared or count > 1
+        if again:
+            flow[5] += nbytes * count
+        own_weight = self.kernel_read_weights.get(self.kernel)  # type: ignore[arg-type]
         if block is None:
             flow[1] += nbytes
             flow[0] += nbytes * (count - 1)
-            fill = self.cohort_weight if shared else self.kernel_fill_weights.get(self.kernel, self.read_fill_weight)  # type: ignore[arg-type]
+            fill = own_weight if own_weight is not None else self.cohort_weight if shared else self.read_fill_weight
             self._insert(key, nbytes, dirty=False, cost=nbytes * fill)
             return
-        held = nbytes * (self.cohort_weight if shared else 1.0)
+        held = nbytes * (own_weight if own_weight is not None else self.cohort_weight if shared else 1.0)
         if held != block[2]:
             self._resident_cost += held - block[2]
             block[2] = held
         if not block[1]:  # a dirty block read keeps its place: what a kernel wrote for the next to read once
             self._blocks.move_to_end(key)
+            self._touch(key)
         flow[0] += nbytes * count
         if self._resident_cost > self.capacity_bytes:
             self._evict()
@@ -137,6 +151,7 @@ class L2Cache:
             self._resident_cost += nbytes - block[2]
             block[0], block[1], block[2] = nbytes, True, nbytes
             self._blocks.move_to_end(key)
+            self._touch(key)
             self._evict()
 
     def end_kernel(self) -> None:
@@ -150,6 +165,7 @@ class L2Cache:
         """Write back and invalidate everything, outside any kernel (no bytes are charged); with
         `residue`, as ncu's cache control does: `flush_residue_bytes` stay dirty, to be evicted later."""
         self._blocks.clear()
+        self._touched.clear()
         self._residue_left = self.flush_residue_bytes if residue else 0
         self._resident_cost = self._residue_left
         self._filled = 0
@@ -162,15 +178,21 @@ class L2Cache:
         if flow is None:
             if self.kernel is None:
                 raise RuntimeError(f"L2 access to {tensor!r} outside a kernel")
-            flow = self._flows[self.kernel, str(tensor)] = [0, 0, 0, 0, 0]
+            flow = self._flows[self.kernel, str(tensor)] = [0, 0, 0, 0, 0, 0]
         return flow
 
     def _insert(self, key: BlockKey, nbytes: int, dirty: bool, cost: float) -> None:
         self._blocks[key] = [nbytes, dirty, cost]
         self._resident_cost += cost
         self._filled += nbytes
+        self._touch(key)
         self._evict_residue()
         self._evict()
+
+    def _touch(self, key: BlockKey) -> None:
+        """In a kernel that ages clean blocks slower, remember when `key` was last filled, written or read again."""
+        if self.kernel in self.kernel_clean_age_factors:
+            self._touched[key] = self._filled
 
     def _evict_residue(self) -> None:
         """The residue leaves first, as soon as what came in since the flush, at full size, overflows the
@@ -187,11 +209,33 @@ class L2Cache:
             self._flow(RESIDUE)[2] += written
 
     def _evict(self) -> None:
+        factor = self.kernel_clean_age_factors.get(self.kernel)  # type: ignore[arg-type]
         while self._resident_cost > self.capacity_bytes and self._blocks:
-            key, (nbytes, dirty, cost) = self._blocks.popitem(last=False)
+            if factor is None:
+                key, (nbytes, dirty, cost) = self._blocks.popitem(last=False)
+            else:
+                key = self._elder(factor)
+                nbytes, dirty, cost = self._blocks.pop(key)
+                self._touched.pop(key, None)
             self._resident_cost -= cost
             if dirty:
                 self._flow(key[0])[2] += nbytes
+
+    def _elder(self, factor: float) -> BlockKey:
+        """The least recently used dirty block, or the least recently used clean one where its age over
+        `factor` is the greater (a block untouched in this kernel is the oldest)."""
+        dirty = clean = None
+        for key, block in self._blocks.items():
+            if block[1] and dirty is None:
+                dirty = key
+            elif not block[1] and clean is None:
+                clean = key
+            if dirty is not None and clean is not None:
+                break
+        if dirty is None or clean is None:
+            return next(iter(self._blocks))
+        return clean if (self._filled - self._touched.get(clean, 0)) / factor > self._filled - self._touched.get(dirty, 0) \
+            else dirty
 
 
 @attrs.define
@@ -230,9 +274,9 @@ class L2Mixture(_CacheGroup):
     def capacity_bytes(self) -> float:
         return sum(c.capacity_bytes for c in self.caches) / len(self.caches)
 
-    def read(self, key: BlockKey, nbytes: int, count: int = 1, shared: bool = False) -> None:
+    def read(self, key: BlockKey, nbytes: int, count: int = 1, shared: bool = False, again: bool = False) -> None:
         for cache in self.caches:
-            cache.read(key, nbytes, count, shared)
+            cache.read(key, nbytes, count, shared, again)
 
     def write(self, key: BlockKey, nbytes: int) -> None:
         for cache in self.caches:
@@ -247,9 +291,11 @@ class L2Mixture(_CacheGroup):
             # a tensor the SMs touched has a flow in every cache; the flush residue only where it was evicted
             flows = [ledger.get(key, L2Flow()) for ledger in ledgers]
             read, written = max(f.read_bytes for f in flows), max(f.write_bytes for f in flows)
+            again = max(f.again_bytes for f in flows)
             dram_read = sum(f.dram_read_bytes for f in flows) // len(flows)
-            mean[key] = L2Flow(read - dram_read, dram_read, sum(f.dram_write_bytes for f in flows) // len(flows),
-                               sum(f.dirty_at_end_bytes for f in flows) // len(flows), written)
+            mean[key] = L2Flow(read + again - dram_read, dram_read,
+                               sum(f.dram_write_bytes for f in flows) // len(flows),
+                               sum(f.dirty_at_end_bytes for f in flows) // len(flows), written, again)
         return PhysicalTraffic(mean)
 
 
@@ -267,9 +313,9 @@ class L2Sets(_CacheGroup):
     def capacity_bytes(self) -> float:
         return sum(c.capacity_bytes for c in self.caches)
 
-    def read(self, key: BlockKey, nbytes: int, count: int = 1, shared: bool = False) -> None:
+    def read(self, key: BlockKey, nbytes: int, count: int = 1, shared: bool = False, again: bool = False) -> None:
         for cache, stripe, size in self._stripes(key, nbytes):
-            cache.read(stripe, size, count, shared)
+            cache.read(stripe, size, count, shared, again)
 
     def write(self, key: BlockKey, nbytes: int) -> None:
         for cache, stripe, size in self._stripes(key, nbytes):

@@ -228,19 +228,25 @@ class HBM:
             if self.log is not None:
                 self.log.kernel = None
 
-    def read(self, tensor: str, index: tuple = (...,), *, shared: bool = False) -> np.ndarray:
+    def read(self, tensor: str, index: tuple = (...,), *, shared: bool = False, again: bool = False) -> np.ndarray:
         """Move `tensor[index]` to the chip: counts its bytes, returns a float32 copy that nothing on
         chip holds. Tiled kernels use `sram.load` instead, which reads through here and holds the tile
         in shared memory; their CTAs' HBM view refuses this call (see the module docstring). `shared`:
-        a read several CTAs make at once, counted once (the L2 holds it as data every SM reads)."""
-        return self._fetch(tensor, index, shared)
+        a read several CTAs make at once, counted once (the L2 holds it as data every SM reads). `again`:
+        a block this kernel has read already, read once more as a GEMM's tiles are: the L2 sees it, the
+        ledger (the logical model, each operand once) does not."""
+        return self._fetch(tensor, index, shared, again)
 
-    def _fetch(self, tensor: str, index: tuple = (...,), shared: bool = False) -> np.ndarray:
+    def _fetch(self, tensor: str, index: tuple = (...,), shared: bool = False, again: bool = False) -> np.ndarray:
         """The transfer behind `read` and `sram.load`."""
         stored = self._stored(tensor)
         index = _basic_index(tensor, index)
         block = self._float32.get(tensor, stored)[index].astype(STATE_DTYPE)  # a float32 copy
-        self._count(self._read, tensor, block.size * stored.itemsize, index, shared)
+        nbytes = block.size * stored.itemsize
+        if not again:
+            self._count(self._read, tensor, nbytes, index, shared)
+        elif self.l2 is not None:
+            self.l2.read(_block_key(tensor, index), nbytes, again=True)
         return block
 
     def write(self, tensor: str, index: tuple | slice, values: np.ndarray | float) -> None:
@@ -364,7 +370,7 @@ class TiledHBM:
     def itemsize(self, tensor: str) -> int:
         return self._hbm.itemsize(tensor)
 
-    def read(self, tensor: str, index: tuple = (...,), *, shared: bool = False) -> np.ndarray:
+    def read(self, tensor: str, index: tuple = (...,), *, shared: bool = False, again: bool = False) -> np.ndarray:
         raise DirectReadError(
             f"hbm.read({tensor!r}, ...) inside a tiled kernel's CTA: the tile would land on chip without "
             f"being held, out of sight of the SRAM capacity check; load it with "

@@ -90,22 +90,45 @@ def test_a_shared_read_counts_once_and_holds_the_cohort_weight():
         assert (flow.read_bytes, flow.hit_bytes) == (80, hit)
 
 
-def test_a_kernel_with_its_own_fill_weight_reads_without_displacing_what_it_writes():
-    """In a kernel `kernel_fill_weights` names, read fills hold that weight (0 for the naive Q K GEMM, as the
-    machine file has it): 80 bytes of Q and K read there leave all 100 bytes of S written around them dirty at
-    the end in a 100-byte cache; in another kernel, at a quarter, the 80 bytes of fills push 20 of S out."""
-    assert sf.model.physical.l2_cache(sf.GPUS["H200"]).caches[0].kernel_fill_weights == {"gemm_qk": 0.0}
-    for kernel, written_back in (("gemm_qk", 0), ("gemm_pv", 20)):
-        l2 = L2Cache(capacity_bytes=100, read_fill_weight=0.25, kernel_fill_weights={"gemm_qk": 0.0})
+def test_a_kernel_with_its_own_read_weight_reads_without_displacing_what_it_writes():
+    """In a kernel `kernel_read_weights` names, reads hold that weight, filled or read again (0 for the naive Q K
+    GEMM, as the machine file has it): 80 bytes of Q and K read there, K twice, leave all 100 bytes of S written
+    around them dirty at the end in a 100-byte cache; in another kernel, at a quarter, the 80 bytes of fills
+    push 20 of S out, and K read again (all of its size) 40 more."""
+    caches = sf.model.physical.l2_cache(sf.GPUS["H200"]).caches
+    assert (caches[0].kernel_read_weights, caches[0].kernel_clean_age_factors) == ({"gemm_qk": 0.0}, {"gemm_qk": 1.4})
+    for kernel, written_back in (("gemm_qk", 0), ("gemm_pv", 60)):
+        l2 = L2Cache(capacity_bytes=100, read_fill_weight=0.25, kernel_read_weights={"gemm_qk": 0.0})
         l2.kernel = kernel
         for row in range(3):
             l2.write(("S", 0, row), 20)
         l2.read(("Q", 0, 0), 40)
         l2.read(("K", 0, 0), 40)
         l2.write(("S", 0, 3), 40)
+        l2.read(("K", 0, 0), 40, again=True)
         l2.end_kernel()
         flow = l2.traffic().ledger[kernel, "S"]
         assert (flow.dram_write_bytes, flow.dirty_at_end_bytes) == (written_back, 100 - written_back)
+        k = l2.traffic().ledger[kernel, "K"]
+        assert (k.read_bytes, k.hit_bytes, k.again_bytes) == (40, 40, 40)  # the ledger's K is the first read
+
+
+def test_a_clean_block_ageing_slower_outlasts_dirty_ones_written_after_it():
+    """Capacity 100: Q (clean, 20 bytes) read, then S written 20 bytes at a time. Least recently used order
+    evicts Q first; ageing clean blocks 1.4 times slower, Q outlasts S pieces written up to 1.4 times its age
+    before them: with S0..S4 written, the first eviction takes S0 (Q's age 100 / 1.4 = 71 < S0's 80), the next
+    Q (its age 120 / 1.4 = 86 > S1's 80)."""
+    for factors, evicted in (({}, ["Q", "S"]), ({"k": 1.4}, ["S", "Q"])):
+        l2 = L2Cache(capacity_bytes=100, kernel_clean_age_factors=factors)
+        l2.kernel = "k"
+        l2.read(("Q", 0, 0), 20)
+        order = []
+        for row in range(6):
+            l2.write(("S", 0, row), 20)
+            for key in (("Q", 0, 0), ("S", 0, 0)):
+                if key not in l2._blocks and key[0] not in order and (key[0] != "S" or row >= 4):
+                    order.append(key[0])
+        assert order == evicted
 
 
 def test_a_mixture_keeps_data_reused_between_its_capacities_half_the_time():
@@ -460,18 +483,43 @@ def test_sdpa_s_causal_grids_of_several_waves_carry_the_diagonal_reuse_note():
 
 
 def test_naive_predictions_say_where_cublas_does_what_the_model_does_not():
-    """From one head's S of 50 MiB at 16-bit elements (N = 5,120; what was measured) the Q K GEMM's reads carry
-    a note; warm, from 8 MiB of P in all, the P V GEMM's writes do."""
+    """At element sizes other than 16 bits, where K has more than one group of keys, the Q K GEMM's reads carry
+    a note (its walk was measured at fp16); warm, from 8 MiB of P in all, the P V GEMM's writes do."""
     assert predict("naive", 4096, 128, heads=1).notes == ()
-    (qk,) = predict("naive", 5120, 128, heads=1).notes
-    assert qk.startswith("gemm_qk reads Q and K once") and "2.9 at 16,384" in qk
-    assert predict("naive", 4096, 128, n_kv=6400, heads=1, dtype="bfloat16").notes == (qk,)
-    assert predict("naive", 5120, 128, heads=1, dtype="float32").notes == ()  # not measured
+    assert predict("naive", 8192, 128, heads=1, dtype="bfloat16").notes == ()
+    (qk,) = predict("naive", 512, 128, n_kv=4096, heads=1, dtype="float32").notes
+    assert qk.startswith("gemm_qk reads Q's tiles again once a group of 2,048 keys")
+    assert predict("naive", 512, 128, n_kv=2048, heads=1, dtype="float32").notes == ()  # K of one group
     assert predict("naive", 256, 128, heads=8, cache="warm").notes == ()  # 1 MiB of P
     (pv,) = predict("naive", 1024, 128, heads=8, cache="warm").notes  # 16 MiB of P
     assert pv.startswith("gemm_pv's warm DRAM writes") and "130 of the sweeps' 224" in pv
     assert predict("naive", 1024, 128, heads=8, cache="cold").notes == ()
-    assert predict("naive", 8192, 128, heads=1, cache="warm").notes == (qk, pv)
+    assert predict("naive", 4096, 128, heads=1, cache="warm", dtype="float32").notes == (qk, pv)
+
+
+def test_the_q_k_gemm_walks_groups_of_keys_and_reads_q_again_once_a_group():
+    """K of 4,096 keys is two groups: the GEMM's units are every query tile of group 0, then of group 1 backwards;
+    the reads again (Q's tiles in group 1, K's tiles after a group's first unit) reach the L2, not the ledger, whose
+    reads are Q and K once; S is written in (rows, group) pieces the softmax reads, all of them once."""
+    from simflash.algorithms.naive import naive_grid, naive_program
+    from simflash.schedule import TileSchedule
+
+    sched = TileSchedule(512, 4096, 512, 4096)
+    (cta,) = naive_grid("gemm_qk", sched, 1, 2, 0)
+    program = naive_program("gemm_qk", sched, cta, 128, 2, 0)
+    accesses = [a for t in range(cta.n_steps) for a in program.stream(t)]
+    queries = [a.key[2] for a in accesses if a.key[0] == "Q"]
+    assert queries == [0, 128, 256, 384, 384, 256, 128, 0]
+    first = {t: sum(a.nbytes for a in accesses if a.key[0] == t and not a.again and not a.write) for t in "QK"}
+    assert first == {"Q": 512 * 128 * 2, "K": 4096 * 128 * 2}
+    assert sum(a.nbytes for a in accesses if a.key[0] == "K" and a.again) == 3 * 4096 * 128 * 2  # 4 units a group
+    written = sorted((a.key, a.nbytes) for a in accesses if a.write)
+    (softmax,) = naive_grid("softmax", sched, 1, 2, 0)
+    scores = naive_program("softmax", sched, softmax, 128, 2, 0)
+    read = sorted((a.key, a.nbytes) for t in range(softmax.n_steps) for a in scores.stream(t) if a.key[0] == "S")
+    assert written == read and sum(n for _, n in written) == 512 * 4096 * 2
+    prediction = predict("naive", 512, 128, n_kv=4096, heads=1).kernel("gemm_qk")
+    assert prediction.logical_read_bytes == (512 + 4096) * 128 * 2
 
 
 def test_the_pv_gemm_walks_p_a_column_chunk_at_a_time_and_writes_o_a_wave_at_a_time():

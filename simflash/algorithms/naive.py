@@ -7,11 +7,21 @@
 Each kernel's work is split into one CTA per head that streams its rows in blocks of `block_rows`
 (a block of S about NAIVE_BLOCK_BYTES), reading each operand once, as the logical model counts it:
 the order in which an L2 sees S and P go by. (cuBLAS and a softmax tile the work differently; what the
-L2 sees of it is a stream of rows, head after head.) Two things of cuBLAS's tiling of the P V GEMM
-the L2 does see. Its CTAs (GEMM_TILE_ROWS rows of O each, one on every SM) walk P's columns together,
-so a wave's rows of P are read a column chunk at a time, all of them at chunk k before any at chunk
-k + 1: the part of P the softmax left in the L2 is read piecemeal over the whole wave, not row after
-row. And each CTA writes its tile of O as it ends, after all of the wave's P has gone by. So the P V
+L2 sees of it is a stream of rows, head after head.) What the L2 does see of cuBLAS's tiling, the CTA
+lays out as cuBLAS does.
+
+The Q K GEMM's CTAs (its H200 kernel, nvjet_sm90_hsh_256x128, a persistent grid) take its output tiles
+(QK_TILE_KEYS keys x QK_TILE_QUERIES queries) a group of QK_GROUP_KEYS keys at a time: within a group,
+query tile after query tile (every other group backwards), so each tile of Q is read again once a group,
+after the S of anything from none to two groups has been written, and the group's tiles of K at every
+unit (benchmarks/gpu/naive_warm/qk_shapes.txt: no reads beyond Q + K where K has one group, more with
+Q's size and K's groups). The CTA takes QK_UNITS_A_STEP (group, query tile) units a step and writes S in
+pieces of a group's columns, which the softmax reads; the reads again reach the L2, not the ledger.
+
+Two things of cuBLAS's tiling of the P V GEMM the L2 sees too. Its CTAs (GEMM_TILE_ROWS rows of O
+each, one on every SM) walk P's columns together, so a wave's rows of P are read a column chunk at a
+time, all of them at chunk k before any at chunk k + 1: the part of P the softmax left in the L2 is
+read piecemeal over the whole wave, not row after row. And each CTA writes its tile of O as it ends, after all of the wave's P has gone by. So the P V
 kernel's CTA takes its rows a wave (`wave_rows`) at a time, one step per chunk of PV_CHUNK_COLUMNS
 columns, and writes the wave's O at its last chunk; the chip runs as many heads side by side as a wave
 holds. The softmax writes P in the (row block, column chunk) pieces the GEMM reads.
@@ -23,7 +33,8 @@ query head's GEMMs read its group's K and V.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import NamedTuple
 
 import numpy as np
 
@@ -35,6 +46,9 @@ from simflash.schedule import TileSchedule
 KERNELS = ("gemm_qk", "softmax", "gemm_pv")
 NAIVE_BLOCK_BYTES = 256 * KiB  # rows of S streamed per step
 GEMM_TILE_ROWS = 256  # rows of O per CTA of cuBLAS's P V GEMM (its H200 tile: nvjet_sm90_hsh_128x256)
+QK_TILE_KEYS, QK_TILE_QUERIES = 256, 128  # keys and queries of an output tile of the Q K GEMM
+QK_GROUP_KEYS = 2048  # keys the Q K GEMM's CTAs take at a time: 8 key tiles
+QK_UNITS_A_STEP = 16  # (group, query tile) units the Q K GEMM's 132 CTAs take a step: 128 tiles
 PV_CHUNK_COLUMNS = 512  # columns of P the P V GEMM's CTAs read per step: 256 KiB of a tile's rows at fp16
 
 
@@ -49,6 +63,8 @@ def naive_grid(kernel: str, sched: TileSchedule, heads: int, itemsize: int, wave
     """One CTA per head; one step per block of rows, or (the P V GEMM) per column chunk of each wave."""
     if kernel == "gemm_pv":
         steps = -(-sched.n_q // wave_rows) * len(_column_chunks(sched))
+    elif kernel == "gemm_qk":
+        steps = len(_qk_steps(sched))
     else:
         steps = -(-sched.n_q // block_rows(sched.n_kv, itemsize))
     return [CTA((h,), steps, (h,)) for h in range(heads)]
@@ -65,20 +81,62 @@ def _waves(sched: TileSchedule, wave_rows: int) -> list[slice]:
     return [slice(r, min(r + wave_rows, sched.n_q)) for r in range(0, sched.n_q, wave_rows)]
 
 
-def _column_chunks(sched: TileSchedule) -> list[slice]:
-    return [slice(c, min(c + PV_CHUNK_COLUMNS, sched.n_kv)) for c in range(0, sched.n_kv, PV_CHUNK_COLUMNS)]
+def _column_chunks(sched: TileSchedule, columns: int = PV_CHUNK_COLUMNS) -> list[slice]:
+    return [slice(c, min(c + columns, sched.n_kv)) for c in range(0, sched.n_kv, columns)]
+
+
+class QKUnit(NamedTuple):
+    """A group of keys and a tile of queries: the Q K GEMM's output tiles a CTA takes together."""
+
+    keys: slice
+    queries: slice
+    group: int  # the group's index
+    opens_group: bool  # the group's first unit: its tiles of K are read for the first time
+
+
+def _qk_steps(sched: TileSchedule) -> list[list[QKUnit]]:
+    """The Q K GEMM's units in the order its CTAs take them, QK_UNITS_A_STEP a step: group after group, every
+    query tile of a group before the next group (every other group backwards)."""
+    tiles = [slice(q, min(q + QK_TILE_QUERIES, sched.n_q)) for q in range(0, sched.n_q, QK_TILE_QUERIES)]
+    units = [QKUnit(keys, queries, g, i == 0) for g, keys in enumerate(_column_chunks(sched, QK_GROUP_KEYS))
+             for i, queries in enumerate(tiles if g % 2 == 0 else tiles[::-1])]
+    return [units[i:i + QK_UNITS_A_STEP] for i in range(0, len(units), QK_UNITS_A_STEP)]
+
+
+def _key_tiles(keys: slice) -> list[slice]:
+    return [slice(k, min(k + QK_TILE_KEYS, keys.stop)) for k in range(keys.start, keys.stop, QK_TILE_KEYS)]
+
+
+def _score_rows(sched: TileSchedule, itemsize: int, within: slice) -> list[slice]:
+    """The rows of S's pieces within `within` (a row block or a query tile): a row block, or a query tile's
+    share of one, whichever is smaller."""
+    rows = min(block_rows(sched.n_kv, itemsize), QK_TILE_QUERIES)
+    return [slice(r, min(r + rows, within.stop)) for r in range(within.start, within.stop, rows)]
+
+
+def _score_piece_bytes(sched: TileSchedule, itemsize: int) -> np.ndarray:
+    """(rows of a piece, group of keys): bytes of the entries of S stored in each piece of S."""
+    return _piece_bytes(sched, _score_rows(sched, itemsize, slice(0, sched.n_q)),
+                        _column_chunks(sched, QK_GROUP_KEYS), itemsize)
 
 
 def gemm_qk_cta(gpu: SimulatedGPU, sched: TileSchedule, scale: float, cta: CTA) -> Iterator[None]:
     hbm, compute = gpu.hbm, gpu.compute
     (h,) = cta.index
+    h_kv = kv_head(h, hbm.shape("Q")[0] // hbm.shape("K")[0])  # its group's K
     permitted = sched.mask(0, 0) if sched.masks else None  # (n_q, n_kv): True where row r may see key c
-    K = hbm.read("K", (kv_head(h, hbm.shape("Q")[0] // hbm.shape("K")[0]),))  # (n_kv, d) its group's K
-    for rows in _row_blocks(sched, hbm.itemsize("S")):
-        Q_r = hbm.read("Q", (h, rows))  # (rows, d)
-        S_r = compute.matmul(Q_r, K.T) * scale  # (rows, n_kv)
-        compute.elementwise(fp32=S_r.size)  # the scale, in the GEMM's epilogue
-        hbm.write_where("S", S_r, None if permitted is None else permitted[rows], index=(h, rows))
+    for step in _qk_steps(sched):
+        for unit in step:
+            Q_t = hbm.read("Q", (h, unit.queries), again=unit.group > 0)  # (tile queries, d)
+            K_g = np.concatenate([hbm.read("K", (h_kv, keys), again=not unit.opens_group)
+                                  for keys in _key_tiles(unit.keys)])  # (group keys, d)
+            S_t = compute.matmul(Q_t, K_g.T) * scale  # (tile queries, group keys)
+            compute.elementwise(fp32=S_t.size)  # the scale, in the GEMM's epilogue
+            for rows in _score_rows(sched, hbm.itemsize("S"), unit.queries):
+                stored = None if permitted is None else permitted[rows, unit.keys]
+                if stored is None or stored.any():
+                    hbm.write_where("S", S_t[rows.start - unit.queries.start:rows.stop - unit.queries.start],
+                                    stored, index=(h, rows, unit.keys))
         yield None
 
 
@@ -86,9 +144,16 @@ def softmax_cta(gpu: SimulatedGPU, sched: TileSchedule, scale: float, cta: CTA) 
     hbm, compute = gpu.hbm, gpu.compute
     (h,) = cta.index
     permitted = sched.mask(0, 0) if sched.masks else None
+    groups = _column_chunks(sched, QK_GROUP_KEYS)
     for rows in _row_blocks(sched, hbm.itemsize("S")):
         stored = None if permitted is None else permitted[rows]
-        S_r = hbm.read_where("S", stored, fill=-np.inf, index=(h, rows))  # (rows, n_kv)
+        S_r = np.full((rows.stop - rows.start, sched.n_kv), -np.inf, dtype=STATE_DTYPE)  # (rows, n_kv)
+        for part in _score_rows(sched, hbm.itemsize("S"), rows):  # S in the pieces the Q K GEMM wrote
+            for keys in groups:
+                shown = None if permitted is None else permitted[part, keys]
+                if shown is None or shown.any():
+                    S_r[part.start - rows.start:part.stop - rows.start, keys] = hbm.read_where(
+                        "S", shown, fill=-np.inf, index=(h, part, keys))
         m = S_r.max(axis=-1, keepdims=True)  # (rows, 1)
         # A row with no visible key has m = -inf: exponentiate against 0 so exp(-inf) = 0, not NaN.
         P_r = np.exp(S_r - np.where(m == -np.inf, 0.0, m))  # (rows, n_kv)
@@ -149,23 +214,33 @@ def naive_program(kernel: str, sched: TileSchedule, cta: CTA, d: int, itemsize: 
     (h,) = cta.index
     h_kv = kv_head(h, group)
     blocks = _row_blocks(sched, itemsize)
-    row_entries = stored_per_row(sched)
     chunks = _column_chunks(sched)
-
-    def score_bytes(rows: slice) -> int:
-        return int(row_entries[rows].sum()) * itemsize
 
     def rows_bytes(rows: slice) -> int:
         return (rows.stop - rows.start) * d * itemsize
 
-    whole = slice(0, None)
+    score_rows = min(block_rows(sched.n_kv, itemsize), QK_TILE_QUERIES)  # rows of a piece of S
+    groups = _column_chunks(sched, QK_GROUP_KEYS)
+    scores = _score_piece_bytes(sched, itemsize)  # (piece rows, group): bytes stored
+
+    def score_pieces(rows: slice, group_indices: Iterable[int], write: bool = False) -> Iterator[Access]:
+        """S's stored pieces within `rows` and the groups named, piece after piece."""
+        for piece in _score_rows(sched, itemsize, rows):
+            for g in group_indices:
+                if scores[piece.start // score_rows, g]:
+                    yield Access(block_key("S", h, piece, groups[g]), int(scores[piece.start // score_rows, g]), write)
+
     if kernel == "gemm_qk":
-        return CTAProgram(cta, lambda t: (Access(block_key("Q", h, blocks[t]), rows_bytes(blocks[t])),
-                                          Access(block_key("S", h, blocks[t]), score_bytes(blocks[t]), True)),
-                          prologue=(Access(block_key("K", h_kv, whole), sched.n_kv * d * itemsize),))
+        steps = _qk_steps(sched)
+        return CTAProgram(cta, lambda t: tuple(
+            access for unit in steps[t] for access in (
+                Access(block_key("Q", h, unit.queries), rows_bytes(unit.queries), again=unit.group > 0),
+                *(Access(block_key("K", h_kv, keys), rows_bytes(keys), again=not unit.opens_group)
+                  for keys in _key_tiles(unit.keys)),
+                *score_pieces(unit.queries, (unit.group,), write=True))))
     pieces = _piece_bytes(sched, blocks, chunks, itemsize)  # (row block, chunk): bytes stored
     if kernel == "softmax":
-        return CTAProgram(cta, lambda t: (Access(block_key("S", h, blocks[t]), score_bytes(blocks[t])),
+        return CTAProgram(cta, lambda t: (*score_pieces(blocks[t], range(len(groups))),
                                           *(Access(block_key("P", h, blocks[t], cols), int(pieces[t, k]), True)
                                             for k, cols in enumerate(chunks) if pieces[t, k])))
     # each wave's row blocks, with their index into `blocks` (a wave holds whole blocks)

@@ -132,8 +132,9 @@ def fit_naive_time(measurement: dict, gpu: GPUSpec | str = "H200") -> dict[str, 
         stored = c["heads"] * int(stored_per_row(TileSchedule(c["n"], c["n"], c["n"], c["n"], causal=c["causal"])).sum())
         for row in entry["kernels"]:
             k = prediction.kernel(row["kernel"])
+            again = k.l2_hit_bytes + k.dram_read_bytes - k.logical_read_bytes  # the Q K GEMM's reads again
             flow = L2Flow(k.l2_hit_bytes, k.dram_read_bytes, k.dram_write_bytes, k.dirty_at_end_bytes,
-                          k.logical_write_bytes)
+                          k.logical_write_bytes, again)
             rows.append((row["kernel"], flow, 2 * stored * c["d"], stored, c["heads"] * c["n"], row["time_s"]))
     scales = np.array([1e-6, 1e12, 1e12, 1e12, 1e-9])  # the unknowns in µs, TB/s, TFLOP/s, TB/s, ns
 

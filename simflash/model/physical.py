@@ -31,7 +31,7 @@ import numpy as np
 
 from simflash.algorithms import FLASH_ALGORITHMS
 from simflash.algorithms.naive import KERNELS as NAIVE_KERNELS
-from simflash.algorithms.naive import concurrent_heads, naive_grid, naive_program, stored_per_row
+from simflash.algorithms.naive import QK_GROUP_KEYS, concurrent_heads, naive_grid, naive_program, stored_per_row
 from simflash.chip import KernelProfile, gemm_pv_wave_rows, kernel_profile, l2_cache, resident_ctas
 from simflash.config import GPUSpec, check_causal_variant, check_positive_int, gpu_spec, storage_dtype
 from simflash.grid import run_programs
@@ -156,7 +156,6 @@ def _diagonal_notes(profile: KernelProfile, causal: bool, ctas: int, slots: int)
             "\"Where it is wrong\")",)
 
 
-QK_REREAD_SCORES = 5120 * 5120  # one head's S (fp16 or bf16) from which cuBLAS's Q K GEMM reads Q and K again
 PV_WARM_SCORE_BYTES = 8 * 1024 * 1024  # P (all heads) from which the P V GEMM's warm writes go astray
 
 
@@ -164,11 +163,10 @@ def _naive_notes(n: int, n_kv: int, heads: int, itemsize: int, cache: str) -> tu
     """Where the naive path's cuBLAS kernels do what the model's one CTA a head does not, notes saying so, with
     what the sweeps measured (docs/physical.md, "Where it is wrong")."""
     notes = []
-    if itemsize == 2 and n * n_kv >= QK_REREAD_SCORES:  # measured at fp16 only
-        notes.append("gemm_qk reads Q and K once; cuBLAS's Q K GEMM reads them again as its tile scheduler walks "
-                     "one head's S of 50 MiB or more (measured, fp16, d = 128: 1.1 to 1.2 times Q + K at N = 5,120 to "
-                     "5,888, 1.6 at 8,192, 2.9 at 16,384; benchmarks/gpu/naive_warm/qk_rereads.txt, qk_large.txt), "
-                     "so its predicted DRAM reads are low there")
+    if itemsize != 2 and n_kv > QK_GROUP_KEYS:
+        notes.append("gemm_qk reads Q's tiles again once a group of 2,048 keys, as cuBLAS's 16-bit Q K GEMM walks "
+                     "them (benchmarks/gpu/naive_warm/qk_shapes.txt); its kernels for other element sizes were not "
+                     "measured, so its predicted DRAM reads are the 16-bit kernel's")
     if cache == "warm" and heads * n * n_kv * itemsize >= PV_WARM_SCORE_BYTES:
         notes.append("gemm_pv's warm DRAM writes (the P the softmax left dirty, written back as the GEMM runs) "
                      "depend on the tile cuBLAS picks, which the model does not know: within 10% / 1 MiB of the "

@@ -1,6 +1,8 @@
 """Variants of the L2 model (simflash.l2), tried against the probe (probe.json) and the whole-chip sweeps:
 the scores docs/physical.md quotes for them (kept, of those: the Q K GEMM's read fills at 0, `fills:gemm_qk=0`,
-now the machine file's `l2_gemm_qk_read_fill_weight`; each variant here is a change to the model as it stands).
+now the machine file's `l2_gemm_qk_read_weight`, and clean blocks ageing 1.4 times slower in that GEMM, with its
+tiles walked as cuBLAS walks them, `l2_gemm_qk_clean_age_factor`; each variant here is a change to the model as
+it stands).
 
     python benchmarks/gpu/l2_probe/variants.py [VARIANT | fills:KERNEL=WEIGHT,... ...] [--sweeps] [--sdpa] [--probe-rows] [--heads] [--naive]
                                                 [--flash] [--retention] [--bands]
@@ -11,7 +13,7 @@ FA-2 kernel, reads and writes, cold and warm: 256 in all), as the model's own fi
 --sweeps, every other sweep's rows too (run only after a variant has been judged on the fit rows); with
 --sdpa, PyTorch SDPA's FA-2 rows beside them; with --probe-rows, each probe kernel's DRAM MiB read and
 written, predicted / measured. A variant with `pv_tiles` also plays the naive path's P V GEMM as
-pv_tiles.py lays it out; with `qk_tiles`, its Q K GEMM as qk_tiles.py does. With --heads, the heads probe's causal grids at d = 128 (sdpa_kv_order/heads.json):
+pv_tiles.py lays it out. With --heads, the heads probe's causal grids at d = 128 (sdpa_kv_order/heads.json):
 DRAM MiB read beyond Q + K + V per head, predicted / measured. With --retention, the retention probe's
 rotated readers (retention.json) replayed in lock-step: the share of their re-reads that miss, predicted /
 measured. With --bands, only the bands probe (bands.json) replayed in lock-step: the DRAM MiB read beyond
@@ -33,10 +35,9 @@ import attrs
 
 import bands
 import pv_tiles
-import qk_tiles
 import simflash.grid as grid
 import simflash.model.physical as physical
-from simflash.chip import kernel_fill_weights
+from simflash.chip import kernel_figures
 from simflash.config import MiB, gpu_spec
 from simflash.l2 import RESIDUE, L2Cache, L2Mixture, L2Sets
 from simflash.model.calibration import KERNEL_OF, REGIME_SWEEPS, compare, load
@@ -82,7 +83,6 @@ class L2Variant(L2Cache):
     clean_age_factor: float = 1.0  # a clean block ages this many times slower than a dirty one when they vie
     clean_age_on_writes: bool = False  # with clean_age_factor: only where a write makes the room
     clean_age_kernels: tuple = ()  # with clean_age_factor: only in these kernels (all where empty)
-    roomless_kernels: tuple = ()  # kernels whose reads hold no room, filled or read again (their fill weight 0)
     _writing: bool = False
     _clock: int = 0  # bytes brought in (fills and writes): the age a block's last touch is told by
     _touched: dict = attrs.field(factory=dict)  # key -> _clock at its insertion or last move to the end
@@ -93,15 +93,7 @@ class L2Variant(L2Cache):
     _dirty: OrderedDict = attrs.field(factory=OrderedDict)  # dirty keys, least recently used first
     _dirty_bytes: int = 0
 
-    def read(self, key, nbytes, count=1, shared=False):
-        if self.kernel in self.roomless_kernels:  # held as a cohort's block, at no weight
-            cohort_weight, self.cohort_weight = self.cohort_weight, 0.0
-            self._read(key, nbytes, count, True)
-            self.cohort_weight = cohort_weight
-            return
-        self._read(key, nbytes, count, shared)
-
-    def _read(self, key, nbytes, count, shared):
+    def read(self, key, nbytes, count=1, shared=False, again=False):
         if key in self._stale and not self._blocks[key][1]:  # a clean block read again is this kernel's
             self._stale.discard(key)
         block = self._blocks.get(key)
@@ -111,12 +103,14 @@ class L2Variant(L2Cache):
             if block is None:
                 self._clock += nbytes
             self._touched[key] = self._clock  # filled, or a clean block moved to the end
-            super().read(key, nbytes, count, shared)
+            super().read(key, nbytes, count, shared, again)
             if block is not None and count == 1 and self._evicting and self.reread_floor:
                 missed = round(nbytes * self.reread_floor)
                 flow[0] = hits + nbytes - missed
                 flow[1] += missed
             return
+        if again:
+            self._flow(key[0])[5] += nbytes * count
         if not block[1]:  # a clean block read again: data several SMs read
             held = nbytes * (self.cohort_weight if self.shared_rereads or count > 1 or shared else self.reread_weight)
             self._resident_cost += held - block[2]
@@ -421,44 +415,43 @@ VARIANTS = {
     "sets-27.5-57": dict(capacities=(27.5,), sets=57, stripe_kib=16),
     "dirty-read-renews": dict(dirty_read_renews=True),
     "pv-tiles": dict(pv_tiles=True),
-    "qk-tiles": dict(qk_tiles=True),
     "fill-0.5": dict(read_fill_weight=0.5),
     "fill-0.1": dict(read_fill_weight=0.1),
     "random-victim-8": dict(victim_window=8),
     "random-victim-32": dict(victim_window=32),
-    "pv-fill-1": dict(kernel_fill_weights={"gemm_pv": 1.0}),
-    "pv-fill-0.6": dict(kernel_fill_weights={"gemm_pv": 0.6}),
-    "qk-fill-0.1": dict(kernel_fill_weights={"gemm_qk": 0.1}),
-    "qk-fill-0": dict(kernel_fill_weights={"gemm_qk": 0.0}),
+    "pv-fill-1": dict(kernel_read_weights={"gemm_pv": 1.0}),
+    "pv-fill-0.6": dict(kernel_read_weights={"gemm_pv": 0.6}),
+    "qk-fill-0.1": dict(kernel_read_weights={"gemm_qk": 0.1}),
+    "qk-fill-0": dict(kernel_read_weights={"gemm_qk": 0.0}),
     "stripes-8": dict(stripe_kib=8),
     "stripes-4": dict(stripe_kib=4),
     "dirty-read-1.1": dict(dirty_read_weight=1.1),
     "dirty-read-1.25": dict(dirty_read_weight=1.25),
     "dirty-read-1.5": dict(dirty_read_weight=1.5),
     "dirty-read-demotes": dict(dirty_read_demotes=True),
-    "qk-fill-0-demotes": dict(dirty_read_demotes=True, kernel_fill_weights={"gemm_qk": 0.0}),
+    "qk-fill-0-demotes": dict(dirty_read_demotes=True, kernel_read_weights={"gemm_qk": 0.0}),
     "qk-fill-0-softmax-demotes": dict(dirty_read_demotes=True, demote_kernels=("softmax",),
-                                      kernel_fill_weights={"gemm_qk": 0.0}),
+                                      kernel_read_weights={"gemm_qk": 0.0}),
     "qk-fill-0-pv-demotes": dict(dirty_read_demotes=True, demote_kernels=("gemm_pv",),
-                                 kernel_fill_weights={"gemm_qk": 0.0}),
-    "demotes-pv-fill-1": dict(dirty_read_demotes=True, kernel_fill_weights={"gemm_pv": 1.0}),
-    "demotes-pv-fill-0.75": dict(dirty_read_demotes=True, kernel_fill_weights={"gemm_pv": 0.75}),
-    "demotes-pv-fill-0.5": dict(dirty_read_demotes=True, kernel_fill_weights={"gemm_pv": 0.5}),
-    "pv-random-fill-1": dict(kernel_fill_weights={"gemm_pv": 1.0}, kernel_victim_windows={"gemm_pv": 64}),
-    "pv-random-fill-0.75": dict(kernel_fill_weights={"gemm_pv": 0.75}, kernel_victim_windows={"gemm_pv": 64}),
-    "pv-random-16-fill-1": dict(kernel_fill_weights={"gemm_pv": 1.0}, kernel_victim_windows={"gemm_pv": 16}),
+                                 kernel_read_weights={"gemm_qk": 0.0}),
+    "demotes-pv-fill-1": dict(dirty_read_demotes=True, kernel_read_weights={"gemm_pv": 1.0}),
+    "demotes-pv-fill-0.75": dict(dirty_read_demotes=True, kernel_read_weights={"gemm_pv": 0.75}),
+    "demotes-pv-fill-0.5": dict(dirty_read_demotes=True, kernel_read_weights={"gemm_pv": 0.5}),
+    "pv-random-fill-1": dict(kernel_read_weights={"gemm_pv": 1.0}, kernel_victim_windows={"gemm_pv": 64}),
+    "pv-random-fill-0.75": dict(kernel_read_weights={"gemm_pv": 0.75}, kernel_victim_windows={"gemm_pv": 64}),
+    "pv-random-16-fill-1": dict(kernel_read_weights={"gemm_pv": 1.0}, kernel_victim_windows={"gemm_pv": 16}),
     "sets-32-dirty-27": dict(capacities=(32,), dirty_limit=27),
     "sets-36-dirty-28": dict(capacities=(36,), dirty_limit=28),
     "reread-0.5": dict(reread_weight=0.5),
     "reread-0.7": dict(reread_weight=0.7),
     "reread-0.8": dict(reread_weight=0.8),
     "stale-random": dict(stale_random=True),
-    "stale-random-pv-fill-0.5": dict(stale_random=True, kernel_fill_weights={"gemm_pv": 0.5}),
+    "stale-random-pv-fill-0.5": dict(stale_random=True, kernel_read_weights={"gemm_pv": 0.5}),
     "stale-random-in-pv": dict(stale_random=True, stale_kernels=("gemm_pv",)),
     "stale-random-in-pv-fill-0.5": dict(stale_random=True, stale_kernels=("gemm_pv",),
-                                        kernel_fill_weights={"gemm_pv": 0.5}),
+                                        kernel_read_weights={"gemm_pv": 0.5}),
     "stale-random-in-pv-fill-0.75": dict(stale_random=True, stale_kernels=("gemm_pv",),
-                                         kernel_fill_weights={"gemm_pv": 0.75}),
+                                         kernel_read_weights={"gemm_pv": 0.75}),
     "slru-8": dict(levels_mib=(8,)),  # a segmented LRU: 8 MiB protected beside the model's cache
     "slru-12": dict(levels_mib=(12,)),
     "levels-4x3": dict(levels_mib=(4, 4, 4)),
@@ -481,21 +474,10 @@ VARIANTS = {
     "sets-28.5-114-stripes-16": dict(capacities=(28.5,), sets=114, stripe_kib=16),
     "cohort-0.7": dict(cohort_weight=0.7),
     # a clean block ageing slower than a dirty one where they vie for a set's room
+    "qk-lru": dict(clean_age_factor=1.0),  # the Q K GEMM's blocks in least recently used order, as before
     "clean-age-1.4": dict(clean_age_factor=1.4),
-    "clean-age-1.4-qk-tiles": dict(clean_age_factor=1.4, qk_tiles=True),
     "clean-age-1.2": dict(clean_age_factor=1.2),
-    "clean-age-1.2-qk-tiles": dict(clean_age_factor=1.2, qk_tiles=True),
     "write-clean-age-1.4": dict(clean_age_factor=1.4, clean_age_on_writes=True),
-    "write-clean-age-1.4-qk-tiles": dict(clean_age_factor=1.4, clean_age_on_writes=True, qk_tiles=True),
-    "qk-clean-age-1.4-qk-tiles": dict(clean_age_factor=1.4, clean_age_kernels=("gemm_qk",), qk_tiles=True),
-    "qk-clean-age-1.3-qk-tiles": dict(clean_age_factor=1.3, clean_age_kernels=("gemm_qk",), qk_tiles=True),
-    "qk-roomless-clean-age-1.4-qk-tiles": dict(clean_age_factor=1.4, clean_age_kernels=("gemm_qk",),
-                                               roomless_kernels=("gemm_qk",), qk_tiles=True),
-    "qk-roomless-clean-age-1.3-qk-tiles": dict(clean_age_factor=1.3, clean_age_kernels=("gemm_qk",),
-                                               roomless_kernels=("gemm_qk",), qk_tiles=True),
-    "qk-roomless-clean-age-1.5-qk-tiles": dict(clean_age_factor=1.5, clean_age_kernels=("gemm_qk",),
-                                               roomless_kernels=("gemm_qk",), qk_tiles=True),
-    "qk-clean-age-1.5-qk-tiles": dict(clean_age_factor=1.5, clean_age_kernels=("gemm_qk",), qk_tiles=True),
 }
 
 
@@ -507,10 +489,14 @@ def l2_of(variant: dict):
         options = {"read_fill_weight": cal["l2_read_fill_weight"], "flush_residue_bytes": int(cal["l2_flush_residue_bytes"]),
                    "residue_ramp_bytes": cal["l2_residue_ramp_bytes"], "cohort_weight": cal["l2_cohort_weight"],
                    **{k: v for k, v in variant.items()
-                      if k not in ("capacities", "pv_tiles", "qk_tiles", "sets", "stripe_kib", "levels_mib",
+                      if k not in ("capacities", "pv_tiles", "sets", "stripe_kib", "levels_mib",
                                    "single_climbs", "dueling", "rrip")}}
         options["dirty_limit"] = options.get("dirty_limit", float("inf")) * MiB
-        options["kernel_fill_weights"] = {**kernel_fill_weights(gpu), **variant.get("kernel_fill_weights", {})}
+        options["kernel_read_weights"] = {**kernel_figures(gpu, "read_weight"), **variant.get("kernel_read_weights", {})}
+        ageing = kernel_figures(gpu, "clean_age_factor")  # the machine file's, in the variant's own terms
+        if "clean_age_factor" not in variant and ageing:
+            (options["clean_age_factor"],) = set(ageing.values())
+            options["clean_age_kernels"] = tuple(ageing)
         if "capacities" in variant and "sets" not in variant:
             return L2Mixture(tuple(L2Variant(c * MiB, **options) for c in variant["capacities"]))
         (capacity,) = variant.get("capacities", (cal["l2_effective_bytes"] / MiB,))
@@ -521,7 +507,7 @@ def l2_of(variant: dict):
         options["dirty_limit"] /= sets  # each set caps its share of the dirty bytes
         def sets_of(cache, each=lambda i: {}):  # the model's sets, each a `cache` with its share
             share = (capacity * MiB / sets, options["read_fill_weight"], options["flush_residue_bytes"],
-                     options["residue_ramp_bytes"], options["cohort_weight"], options["kernel_fill_weights"])
+                     options["residue_ramp_bytes"], options["cohort_weight"], options["kernel_read_weights"])
             return L2Sets(tuple(cache(*share, **each(i)) for i in range(sets)), stripe_bytes)
 
         if "rrip" in variant:  # replacing by re-reference prediction
@@ -619,8 +605,7 @@ def main(names: list[str], sweeps: bool, sdpa: bool, show_rows: bool, heads: boo
     for name in names or list(VARIANTS):
         variant = VARIANTS[name] if name in VARIANTS else kernel_fills(name)
         physical.l2_cache = l2_of(variant)  # what predict() builds its L2 with
-        physical._naive = (pv_tiles.naive if variant.get("pv_tiles") else qk_tiles.naive if variant.get("qk_tiles")
-                           else model_naive)
+        physical._naive = pv_tiles.naive if variant.get("pv_tiles") else model_naive
         if naive or flash:
             implementations = ("naive",) if naive else ("fa2", "sdpa_flash")
             with Pool(2) as pool:
@@ -669,7 +654,7 @@ def kernel_fills(name: str) -> dict:
         raise SystemExit(f"unknown variant {name!r}: one of {sorted(VARIANTS)} or fills:KERNEL=WEIGHT,...")
     weights = {kernel: float(weight) for kernel, weight in (item.split("=") for item in name[6:].split(","))}
     everywhere = {"read_fill_weight": weights.pop("all")} if "all" in weights else {}
-    return {"kernel_fill_weights": weights, **everywhere}
+    return {"kernel_read_weights": weights, **everywhere}
 
 
 def heads_rows() -> str:
