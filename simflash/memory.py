@@ -553,7 +553,10 @@ class Compute:
         return {"tensor": self.flops, "exp": self.exp_ops, "fp32": self.fp32_flops, "div": self.div_ops}
 
     def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        product = a @ b
+        # OpenBLAS can leave the invalid flag raised for finite operands (numpy/numpy#24067), which NumPy then
+        # reports as a warning; a NaN from real operands still shows in the product.
+        with np.errstate(invalid="ignore"):
+            product = a @ b
         flops = 2 * product.size * a.shape[-1]
         self.flops += flops
         if self.log is not None:
