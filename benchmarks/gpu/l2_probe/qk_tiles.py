@@ -1,7 +1,7 @@
 """The naive path's Q K^T GEMM alone, laid out as the model lays it out (simflash.algorithms.naive: cuBLAS's
 nvjet kernel's walk, groups of QK_GROUP_KEYS keys, query tile after query tile, every other group backwards),
-through the model's L2, cold, for the shapes of benchmarks/gpu/naive_warm/qk_shapes.json: the DRAM MiB read
-beyond Q + K, predicted / measured.
+through the model's L2, cold, for the shapes of benchmarks/gpu/naive_warm/qk_shapes.json and the square ones of
+qk_large.json: the DRAM MiB read beyond Q + K, predicted / measured.
 
     python benchmarks/gpu/l2_probe/qk_tiles.py > benchmarks/gpu/l2_probe/qk_tiles.txt
 """
@@ -17,10 +17,12 @@ from simflash.schedule import TileSchedule
 
 
 def main() -> None:
-    measured = json.loads((Path(__file__).resolve().parents[1] / "naive_warm" / "qk_shapes.json").read_text())
+    folder = Path(__file__).resolve().parents[1] / "naive_warm"
+    shapes = json.loads((folder / "qk_shapes.json").read_text())["rows"]
+    square = [{**row, "m": row["n"]} for row in json.loads((folder / "qk_large.json").read_text())["rows"]]
     print("Q K GEMM of one head, d = 128, fp16, cold: DRAM MiB read beyond Q + K, the model's walk through its L2")
     print("   N (Q)   M (K)  predicted  measured  kernel")
-    for row in measured["rows"]:
+    for row in shapes + square:
         n, m, d = row["n"], row["m"], row["d"]
         sched = TileSchedule(n, m, n, m)
         l2 = l2_cache(gpu_spec("H200"))
