@@ -19,21 +19,21 @@ D = 128
 METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum", "gpu__time_duration.sum")
 
 
-def run_gemms(shapes: list[tuple[int, int]]) -> None:
-    """S = Q K^T for one head at each (rows of Q, rows of K): what ncu profiles."""
+def run_gemms(shapes: list[tuple[int, ...]]) -> None:
+    """S = Q K^T at each (rows of Q, rows of K[, heads]), one head where no count is given: what ncu profiles."""
     import torch
 
-    for n, m in shapes:
-        q = torch.randn(1, n, D, device="cuda", dtype=torch.float16)
-        k = torch.randn(1, m, D, device="cuda", dtype=torch.float16)
+    for n, m, *heads in shapes:
+        q = torch.randn(*heads or [1], n, D, device="cuda", dtype=torch.float16)
+        k = torch.randn(*heads or [1], m, D, device="cuda", dtype=torch.float16)
         torch.matmul(q, k.transpose(-1, -2))
         del q, k
     torch.cuda.synchronize()
 
 
-def profile_gemms(script: str, out: Path, name: str, shapes: list[tuple[int, int]]) -> Path:
+def profile_gemms(script: str, out: Path, name: str, shapes: list[tuple[int, ...]]) -> Path:
     """Run `script --target` (which calls run_gemms(shapes)) under ncu, cold; write out/{name}_ncu.csv and
-    out/{name}.json (the command and a row per GEMM: n, m, d, the kernel, the metrics); the JSON's path."""
+    out/{name}.json (the command and a row per GEMM: n, m, heads, d, the kernel, the metrics); the JSON's path."""
     from simflash.backends.profile import parse_ncu_csv
 
     command = ["ncu", "--clock-control", "none", "--cache-control", "all", "--kernel-name", "regex:nvjet|gemm|Kernel",
@@ -45,8 +45,8 @@ def profile_gemms(script: str, out: Path, name: str, shapes: list[tuple[int, int
     if len(kernels) != len(shapes):
         raise RuntimeError(f"{len(kernels)} GEMM kernels profiled, {len(shapes)} expected: "
                            f"{[k['name'][:60] for k in kernels]}")
-    rows = [{"n": n, "m": m, "d": D, "kernel": k["name"].split("(")[0], **{x: k["metrics"][x] for x in METRICS}}
-            for (n, m), k in zip(shapes, kernels)]
+    rows = [{"n": n, "m": m, "heads": heads[0] if heads else 1, "d": D, "kernel": k["name"].split("(")[0],
+             **{x: k["metrics"][x] for x in METRICS}} for (n, m, *heads), k in zip(shapes, kernels)]
     (out / f"{name}.json").write_text(json.dumps({"command": " ".join(command), "rows": rows}, indent=1))
     return out / f"{name}.json"
 
@@ -60,7 +60,7 @@ def show(path: Path) -> None:
               f"  {beyond / q:4.0%}  {beyond / k:4.0%}  {row['gpu__time_duration.sum'] / 1e3:7.0f}  {row['kernel'][:60]}")
 
 
-def cli(script: str, name: str, shapes: list[tuple[int, int]], show) -> None:
+def cli(script: str, name: str, shapes: list[tuple[int, ...]], show) -> None:
     """A GEMM probe's entry: --target runs the GEMMs (what ncu profiles), --show JSON prints a saved run,
     OUT_DIR profiles them into it."""
     if sys.argv[1:] == ["--target"]:
