@@ -8,7 +8,9 @@ every transfer names the block it touches, so the cache tracks tiles rather than
 - DRAM read bytes: reads that missed, filled from DRAM;
 - DRAM write bytes: dirty blocks evicted while the kernel runs (charged to the evicted tensor);
 - dirty-at-end bytes: dirty blocks still resident when the kernel ends: not yet DRAM traffic, and
-  not counted by Nsight Compute for this kernel.
+  not counted by Nsight Compute for this kernel;
+- again bytes: reads of blocks the logical ledger has counted already (the naive Q K GEMM's tiles, read
+  once a unit): among the hits and misses, left out of the logical reads.
 
 A write allocates its block dirty without reading DRAM (whole sectors are written). A read of a dirty
 block leaves it where it is in the order (a clean block read again moves to the most recent end): what

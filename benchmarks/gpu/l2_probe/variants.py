@@ -50,7 +50,7 @@ PROBE_BLOCK = 256 * 1024
 
 @attrs.define
 class L2Variant(L2Cache):
-    """L2Cache with eight switches: dirty bytes capped at `dirty_limit` (beyond it the least recently used
+    """L2Cache with these switches: dirty bytes capped at `dirty_limit` (beyond it the least recently used
     dirty blocks are written back and stay, clean); dirty blocks holding `dirty_weight` of their size; the
     cold flush's residue as dirty blocks at the least-recently-used end (in place of the ramp);
     `dirty_read_renews`: a read of a dirty block moving it to the most recently used end, as a clean one
@@ -64,7 +64,9 @@ class L2Variant(L2Cache):
     `dirty_read_demotes`: a read of a dirty block moving it to the least recently used end (evicted next);
     `stale_random`: the blocks an earlier kernel left, until this one writes them or reads them clean, evicted
     before any other and in random order (seeded), in the kernels `stale_kernels` names (every kernel where
-    empty)."""
+    empty); `random_victim_share`: on each eviction, with that probability the victim is a block drawn
+    uniformly (seeded) from the whole set rather than the least recently used one (with `random_victim_clean`,
+    from its clean blocks only)."""
 
     dirty_limit: float = float("inf")
     dirty_weight: float = 1.0
@@ -83,6 +85,8 @@ class L2Variant(L2Cache):
     clean_age_factor: float = 1.0  # a clean block ages this many times slower than a dirty one when they vie
     clean_age_on_writes: bool = False  # with clean_age_factor: only where a write makes the room
     clean_age_kernels: tuple = ()  # with clean_age_factor: only in these kernels (all where empty)
+    random_victim_share: float = 0.0  # on each eviction, this share of the time the victim is a block drawn at random
+    random_victim_clean: bool = False  # with random_victim_share: only clean blocks drawn (the LRU one where none is)
     _writing: bool = False
     _clock: int = 0  # bytes brought in (fills and writes): the age a block's last touch is told by
     _touched: dict = attrs.field(factory=dict)  # key -> _clock at its insertion or last move to the end
@@ -200,6 +204,8 @@ class L2Variant(L2Cache):
                     self._writing or not self.clean_age_on_writes) and (
                     not self.clean_age_kernels or self.kernel in self.clean_age_kernels):
                 key = self._elder()
+            if key is None and self.random_victim_share and self._random.random() < self.random_victim_share:
+                key = self._random_victim()
             if key is not None:
                 nbytes, dirty, cost = self._blocks.pop(key)
             elif window > 1:
@@ -214,6 +220,14 @@ class L2Variant(L2Cache):
                 self._flow(key[0])[2] += nbytes
                 self._forget_dirty(key)
 
+
+    def _random_victim(self):
+        """A block drawn uniformly from the whole set (with random_victim_clean, from its clean blocks; None
+        where it has none: the least recently used one goes)."""
+        if self.random_victim_clean:
+            clean = [key for key, block in self._blocks.items() if not block[1]]
+            return clean[self._random.randrange(len(clean))] if clean else None
+        return next(islice(self._blocks, self._random.randrange(len(self._blocks)), None))
 
     def _elder(self):
         """The least recently used dirty block or clean one, whichever is the older once the clean one's age is
@@ -419,6 +433,10 @@ VARIANTS = {
     "fill-0.1": dict(read_fill_weight=0.1),
     "random-victim-8": dict(victim_window=8),
     "random-victim-32": dict(victim_window=32),
+    # on each eviction, with probability p a block drawn at random from the whole set, else the LRU one (seeded);
+    # `-clean`: only clean blocks drawn
+    **{f"random-share-{p}": dict(random_victim_share=p) for p in (0.01, 0.05, 0.1, 0.2, 0.5, 1.0)},
+    "random-share-0.2-clean": dict(random_victim_share=0.2, random_victim_clean=True),
     "pv-fill-1": dict(kernel_read_weights={"gemm_pv": 1.0}),
     "pv-fill-0.6": dict(kernel_read_weights={"gemm_pv": 0.6}),
     "qk-fill-0.1": dict(kernel_read_weights={"gemm_qk": 0.1}),
