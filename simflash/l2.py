@@ -236,8 +236,8 @@ class L2Cache:
                 break
         if dirty is None or clean is None:
             return next(iter(self._blocks))
-        return clean if (self._filled - self._touched.get(clean, 0)) / factor > self._filled - self._touched.get(dirty, 0) \
-            else dirty
+        dirty_age, clean_age = (self._filled - self._touched.get(key, 0) for key in (dirty, clean))
+        return clean if clean_age / factor > dirty_age else dirty
 
 
 @attrs.define

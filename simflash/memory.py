@@ -242,11 +242,7 @@ class HBM:
         stored = self._stored(tensor)
         index = _basic_index(tensor, index)
         block = self._float32.get(tensor, stored)[index].astype(STATE_DTYPE)  # a float32 copy
-        nbytes = block.size * stored.itemsize
-        if not again:
-            self._count(self._read, tensor, nbytes, index, shared)
-        elif self.l2 is not None:
-            self.l2.read(_block_key(tensor, index), nbytes, again=True)
+        self._count(self._read, tensor, block.size * stored.itemsize, index, shared, again)
         return block
 
     def write(self, tensor: str, index: tuple | slice, values: np.ndarray | float) -> None:
@@ -334,17 +330,19 @@ class HBM:
             twin[index] = self._tensors[tensor][index]
 
     def _count(self, counter: dict[LedgerKey, int], tensor: str, nbytes: int, index: tuple = (...,),
-               shared: bool = False) -> None:
+               shared: bool = False, again: bool = False) -> None:
+        """A transfer into the ledger (but a read `again`, which only the L2 sees) and through the L2."""
         if self._kernel is None:
             raise RuntimeError(f"HBM transfer of {tensor!r} outside a kernel: wrap it in `with hbm.kernel(name):`")
-        key = (self._kernel, tensor)
-        counter[key] = counter.get(key, 0) + nbytes
-        if self.log is not None:
-            self.log.add("read" if counter is self._read else "write", tensor, nbytes, "hbm")
+        if not again:
+            key = (self._kernel, tensor)
+            counter[key] = counter.get(key, 0) + nbytes
+            if self.log is not None:
+                self.log.add("read" if counter is self._read else "write", tensor, nbytes, "hbm")
         if self.l2 is not None:
             block = _block_key(tensor, index)
             if counter is self._read:
-                self.l2.read(block, nbytes, shared=shared)
+                self.l2.read(block, nbytes, shared=shared, again=again)
             else:
                 self.l2.write(block, nbytes)
 

@@ -21,10 +21,11 @@ pieces of a group's columns, which the softmax reads; the reads again reach the 
 Two things of cuBLAS's tiling of the P V GEMM the L2 sees too. Its CTAs (GEMM_TILE_ROWS rows of O
 each, one on every SM) walk P's columns together, so a wave's rows of P are read a column chunk at a
 time, all of them at chunk k before any at chunk k + 1: the part of P the softmax left in the L2 is
-read piecemeal over the whole wave, not row after row. And each CTA writes its tile of O as it ends, after all of the wave's P has gone by. So the P V
-kernel's CTA takes its rows a wave (`wave_rows`) at a time, one step per chunk of PV_CHUNK_COLUMNS
-columns, and writes the wave's O at its last chunk; the chip runs as many heads side by side as a wave
-holds. The softmax writes P in the (row block, column chunk) pieces the GEMM reads.
+read piecemeal over the whole wave, not row after row. And each CTA writes its tile of O as it ends,
+after all of the wave's P has gone by. So the P V kernel's CTA takes its rows a wave (`wave_rows`) at a
+time, one step per chunk of PV_CHUNK_COLUMNS columns, and writes the wave's O at its last chunk; the chip
+runs as many heads side by side as a wave holds. The softmax writes P in the (row block, column chunk)
+pieces the GEMM reads.
 
 Causal or windowed: kernels store and load only the permitted entries of S and P (the lower triangle,
 the band); the others are never stored, and the softmax treats them as -inf. Grouped-query heads: each
@@ -107,10 +108,14 @@ def _key_tiles(keys: slice) -> list[slice]:
     return [slice(k, min(k + QK_TILE_KEYS, keys.stop)) for k in range(keys.start, keys.stop, QK_TILE_KEYS)]
 
 
+def _score_piece_rows(sched: TileSchedule, itemsize: int) -> int:
+    """Rows of a piece of S: a row block, or a query tile's share of one, whichever is smaller."""
+    return min(block_rows(sched.n_kv, itemsize), QK_TILE_QUERIES)
+
+
 def _score_rows(sched: TileSchedule, itemsize: int, within: slice) -> list[slice]:
-    """The rows of S's pieces within `within` (a row block or a query tile): a row block, or a query tile's
-    share of one, whichever is smaller."""
-    rows = min(block_rows(sched.n_kv, itemsize), QK_TILE_QUERIES)
+    """The rows of S's pieces within `within` (a row block or a query tile)."""
+    rows = _score_piece_rows(sched, itemsize)
     return [slice(r, min(r + rows, within.stop)) for r in range(within.start, within.stop, rows)]
 
 
@@ -219,7 +224,7 @@ def naive_program(kernel: str, sched: TileSchedule, cta: CTA, d: int, itemsize: 
     def rows_bytes(rows: slice) -> int:
         return (rows.stop - rows.start) * d * itemsize
 
-    score_rows = min(block_rows(sched.n_kv, itemsize), QK_TILE_QUERIES)  # rows of a piece of S
+    score_rows = _score_piece_rows(sched, itemsize)
     groups = _column_chunks(sched, QK_GROUP_KEYS)
     scores = _score_piece_bytes(sched, itemsize)  # (piece rows, group): bytes stored
 
