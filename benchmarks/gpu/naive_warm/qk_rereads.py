@@ -1,7 +1,8 @@
 """How much more than Q and K the naive path's Q K^T GEMM reads from DRAM, by N and by the cuBLAS kernel that
 ran, from the committed sweeps (every row of the eight regime sweeps, fit set included, without the mask):
 the DRAM bytes read beyond Q + K, per head, as a share of one head's K (n x d x 2 bytes), cold and warm,
-median and range over the heads; and what the model predicts beyond Q + K (it reads each once).
+median and range over the heads; and what the model predicts beyond Q + K (the median over the same rows; it
+reads Q's tiles again once a group of 2,048 keys, simflash.algorithms.naive).
 
     python benchmarks/gpu/naive_warm/qk_rereads.py > benchmarks/gpu/naive_warm/qk_rereads.txt
 """
