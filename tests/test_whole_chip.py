@@ -492,7 +492,7 @@ def test_naive_predictions_say_where_cublas_does_what_the_model_does_not():
     assert predict("naive", 512, 128, n_kv=2048, heads=1, dtype="float32").notes == ()  # K of one group
     assert predict("naive", 256, 128, heads=8, cache="warm").notes == ()  # 1 MiB of P
     (pv,) = predict("naive", 1024, 128, heads=8, cache="warm").notes  # 16 MiB of P
-    assert pv.startswith("gemm_pv's warm DRAM writes") and "130 of the sweeps' 224" in pv
+    assert pv.startswith("gemm_pv's warm DRAM writes") and "135 of the sweeps' 224" in pv
     assert predict("naive", 1024, 128, heads=8, cache="cold").notes == ()
     assert predict("naive", 4096, 128, heads=1, cache="warm", dtype="float32").notes == (qk, pv)
 
@@ -546,6 +546,30 @@ def test_the_pv_gemm_walks_p_a_column_chunk_at_a_time_and_writes_o_a_wave_at_a_t
     assert all(a.nbytes == 128 * 512 * 2 for a in program.stream(2))
     assert gemm_pv_wave_rows(sf.GPUS["H200"]) == 132 * 256
     assert gemm_pv_heads_at_once(sched, 132 * 256) == 132 * 256 // 1024
+
+
+def test_a_head_shorter_than_a_cohort_of_pv_ctas_reads_v_as_a_stream(monkeypatch):
+    """A head's chunk of V is a cohort's read (shared) once its rows fill PV_SHARED_V_TILES of the P V GEMM's
+    tiles (4 x 256 rows): at N = 512 its two CTAs read it as a stream, like P, at N = 1,024 as a cohort. Read as
+    a stream it holds a read fill's share of the L2, so more of O stays dirty there: with 256 heads of N = 256
+    the GEMM writes back less, cold, than if V held a cohort's share."""
+    from simflash.algorithms import naive
+    from simflash.algorithms.naive import GEMM_TILE_ROWS, PV_SHARED_V_TILES, naive_grid, naive_program, v_shared
+    from simflash.schedule import TileSchedule
+
+    assert PV_SHARED_V_TILES * GEMM_TILE_ROWS == 1024
+    for n, shared in ((512, False), (1023, False), (1024, True)):
+        sched = TileSchedule(n, n, n, n)
+        (cta,) = naive_grid("gemm_pv", sched, 1, 2, wave_rows=132 * 256)
+        v = naive_program("gemm_pv", sched, cta, 128, 2, wave_rows=132 * 256).stream(0)[0]
+        assert v.key[0] == "V" and v.shared is shared is v_shared(sched)
+
+    def pv_writes() -> int:
+        return predict("naive", 256, 128, heads=256, cache="cold").kernel("gemm_pv").dram_write_bytes
+
+    streamed = pv_writes()
+    monkeypatch.setattr(naive, "PV_SHARED_V_TILES", 1)
+    assert streamed < pv_writes() - 2 * MiB
 
 
 def test_the_softmax_writes_p_in_the_pieces_the_pv_gemm_reads_and_the_mask_leaves_out_empty_ones():

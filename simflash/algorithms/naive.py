@@ -51,6 +51,12 @@ QK_TILE_KEYS, QK_TILE_QUERIES = 256, 128  # keys and queries of an output tile o
 QK_GROUP_KEYS = 2048  # keys the Q K GEMM's CTAs take at a time: 8 key tiles
 QK_UNITS_A_STEP = 16  # (group, query tile) units the Q K GEMM's 132 CTAs take a step: 128 tiles
 PV_CHUNK_COLUMNS = 512  # columns of P the P V GEMM's CTAs read per step: 256 KiB of a tile's rows at fp16
+# A head's chunk of V is data its P V CTAs read together (held as a cohort's in the L2) once its rows fill this many
+# CTAs' tiles; fewer read it as one CTA reads a stream. A line read together by 1, 2 or 4 CTAs misses when read again as
+# one CTA's does, by 16 or more as a cohort's (benchmarks/gpu/l2_probe/readers.json); chosen on the calibration
+# sweep's fit rows among 2, 4, 8 and 16 (239, 242, 241, 241 of 256 within 10% / 1 MiB; `python
+# benchmarks/gpu/l2_probe/variants.py current` with each, benchmarks/gpu/l2_probe/variants.txt).
+PV_SHARED_V_TILES = 4
 
 
 def block_rows(n_kv: int, itemsize: int) -> int:
@@ -183,8 +189,8 @@ def gemm_pv_cta(gpu: SimulatedGPU, sched: TileSchedule, scale: float, cta: CTA, 
         blocks = _row_blocks(sched, hbm.itemsize("P"), wave)
         O_w = np.zeros((wave.stop - wave.start, V.shape[1]), dtype=V.dtype)  # (wave rows, d) accumulated
         for k, cols in enumerate(chunks):
-            if w == 0:  # every CTA of the wave reads it; later waves' reads hit: counted once, as the logical model does
-                V[cols] = hbm.read("V", (h_kv, cols), shared=True)
+            if w == 0:  # the head's CTAs of the wave read it; later waves' reads hit: counted once, as the logical model does
+                V[cols] = hbm.read("V", (h_kv, cols), shared=v_shared(sched))
             for rows in blocks:  # the dense GEMM multiplies every chunk; it reads only the stored pieces
                 stored = None if permitted is None else permitted[rows, cols]
                 read = stored is None or stored.any()
@@ -195,6 +201,12 @@ def gemm_pv_cta(gpu: SimulatedGPU, sched: TileSchedule, scale: float, cta: CTA, 
                 for rows in blocks:
                     hbm.write("O", (h, rows), O_w[rows.start - wave.start:rows.stop - wave.start])
             yield None
+
+
+def v_shared(sched: TileSchedule) -> bool:
+    """Whether a head's P V CTAs read each chunk of V as a cohort does: its rows fill PV_SHARED_V_TILES CTAs' tiles
+    (1,024 rows) or more. A shorter head's CTAs read it as a stream, like P."""
+    return sched.n_q >= PV_SHARED_V_TILES * GEMM_TILE_ROWS
 
 
 def gemm_pv_heads_at_once(sched: TileSchedule, wave_rows: int) -> int:
@@ -256,7 +268,8 @@ def naive_program(kernel: str, sched: TileSchedule, cta: CTA, d: int, itemsize: 
         wave, k = waves[t // len(chunks)], t % len(chunks)
         reads = (Access(block_key("P", h, rows, chunks[k]), int(pieces[b, k])) for b, rows in wave if pieces[b, k])
         ending = [rows for _, rows in wave] if k == len(chunks) - 1 else ()  # the wave's tiles of O go out
-        v = (Access(block_key("V", h_kv, chunks[k]), rows_bytes(chunks[k]), shared=True),) if t < len(chunks) else ()
+        v = (Access(block_key("V", h_kv, chunks[k]), rows_bytes(chunks[k]), shared=v_shared(sched)),) \
+            if t < len(chunks) else ()
         return (*v, *reads, *(Access(block_key("O", h, rows), rows_bytes(rows), True) for rows in ending))
 
     return CTAProgram(cta, pv_step)

@@ -170,7 +170,7 @@ def _naive_notes(n: int, n_kv: int, heads: int, itemsize: int, cache: str) -> tu
     if cache == "warm" and heads * n * n_kv * itemsize >= PV_WARM_SCORE_BYTES:
         notes.append("gemm_pv's warm DRAM writes (the P the softmax left dirty, written back as the GEMM runs) "
                      "depend on the tile cuBLAS picks, which the model does not know: within 10% / 1 MiB of the "
-                     "measured on 130 of the sweeps' 224 unseen rows (benchmarks/gpu/naive_warm/pv_kernels.txt)")
+                     "measured on 135 of the sweeps' 224 unseen rows (benchmarks/gpu/naive_warm/pv_kernels.txt)")
     return tuple(notes)
 
 

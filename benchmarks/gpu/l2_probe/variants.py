@@ -1,8 +1,9 @@
 """Variants of the L2 model (simflash.l2), tried against the probe (probe.json) and the whole-chip sweeps:
 the scores docs/physical.md quotes for them (kept, of those: the Q K GEMM's read fills at 0, `fills:gemm_qk=0`,
 now the machine file's `l2_gemm_qk_read_weight`, and clean blocks ageing 1.4 times slower in that GEMM, with its
-tiles walked as cuBLAS walks them, `l2_gemm_qk_clean_age_factor`; each variant here is a change to the model as
-it stands).
+tiles walked as cuBLAS walks them, `l2_gemm_qk_clean_age_factor`, and the P V GEMM's chunks of V read as a
+cohort's only from heads of four CTAs' tiles, `pv-shared-v-4`, now simflash.algorithms.naive.PV_SHARED_V_TILES;
+each variant here is a change to the model as it stands).
 
     python benchmarks/gpu/l2_probe/variants.py [VARIANT | fills:KERNEL=WEIGHT,... ...] [--sweeps] [--sdpa] [--probe-rows] [--heads] [--naive]
                                                 [--flash] [--retention] [--bands]
@@ -35,6 +36,7 @@ import attrs
 
 import bands
 import pv_tiles
+import simflash.algorithms.naive as naive_algorithm
 import simflash.grid as grid
 import simflash.model.physical as physical
 from simflash.chip import kernel_figures
@@ -98,6 +100,8 @@ class L2Variant(L2Cache):
     _dirty_bytes: int = 0
 
     def read(self, key, nbytes, count=1, shared=False, again=False):
+        if key not in self._blocks:
+            MISSED[0] += nbytes
         if key in self._stale and not self._blocks[key][1]:  # a clean block read again is this kernel's
             self._stale.discard(key)
         block = self._blocks.get(key)
@@ -238,6 +242,51 @@ class L2Variant(L2Cache):
             return dirty
         age = self._clock - self._touched.get(dirty, 0), (self._clock - self._touched.get(clean, 0)) / self.clean_age_factor
         return dirty if age[0] >= age[1] else clean
+
+
+MODEL_PV_SHARED_V_TILES = naive_algorithm.PV_SHARED_V_TILES
+MISSED = [0]  # bytes filled by read misses so far, in any L2Variant (what the paced schedule tells a step by)
+_model_run_programs = physical.run_programs
+
+
+def paced_run_programs(pace: float):
+    """simflash.grid.run_programs for FA-2's kernel with each cohort at its own pace: a step whose reads missed a
+    share f of their bytes in the L2 takes 1 + pace x f time steps, so readers that hit catch up with the one
+    ahead that misses and the L2 sees them in the order that gives (convoys, as the rotated readers of
+    rotated_timing.py form); `pace` 0 is the model's lock-step. Other kernels keep the lock-step."""
+
+    def run(programs, slots, l2):
+        if l2.kernel != "flash2_forward":
+            return _model_run_programs(programs, slots, l2)
+        pending, units, resident, ticks, time = iter(programs), [], 0, [], 0
+        while True:
+            starting = {}
+            while resident < slots and (program := next(pending, None)) is not None:
+                unit = starting.get(program.cta.cohort)
+                if unit is None:  # [step, members, time of its next step]
+                    unit = starting[program.cta.cohort] = [0, [], float(time)]
+                    units.append(unit)
+                unit[1].append(program)
+                resident += 1
+            if not units:
+                return ticks
+            ticks.append(resident)
+            for unit in units:
+                step, members, due = unit
+                if due > time:
+                    continue
+                streaming = step > 0 and all(step < m.cta.n_steps for m in members)
+                reading = members[:1] if streaming else [m for m in members if step < m.cta.n_steps]
+                wanted = sum(a.nbytes for m in reading for a in m.stream(step) if not a.write)
+                before = MISSED[0]
+                grid._play_step(step, members, streaming, l2)
+                unit[0], unit[2] = step + 1, due + 1 + pace * ((MISSED[0] - before) / wanted if wanted else 0.0)
+                unit[1] = [m for m in members if m.cta.n_steps > step]
+                resident -= len(members) - len(unit[1])
+            units = [u for u in units if u[1]]
+            time += 1
+
+    return run
 
 
 CLOCK = [0]  # time steps of the lock-step schedule played so far (what L2Levels tells a later hit by)
@@ -496,6 +545,12 @@ VARIANTS = {
     "clean-age-1.4": dict(clean_age_factor=1.4),
     "clean-age-1.2": dict(clean_age_factor=1.2),
     "write-clean-age-1.4": dict(clean_age_factor=1.4, clean_age_on_writes=True),
+    # FA-2's cohorts each at its own pace, a step that misses taking longer (paced_run_programs), alone or with
+    # random victims
+    **{f"paced-{p}": dict(pace=p) for p in (0.3, 1.0, 3.0, 10.0)},
+    **{f"paced-{p}-random-{r}": dict(pace=p, random_victim_share=r) for p in (1.0, 3.0) for r in (0.05, 0.2)},
+    # the P V GEMM's chunks of V read as a cohort's data from heads of this many CTAs' tiles (1: every head, as before)
+    **{f"pv-shared-v-{k}": dict(pv_shared_v_tiles=k) for k in (1, 2, 4, 8, 16)},
 }
 
 
@@ -507,8 +562,8 @@ def l2_of(variant: dict):
         options = {"read_fill_weight": cal["l2_read_fill_weight"], "flush_residue_bytes": int(cal["l2_flush_residue_bytes"]),
                    "residue_ramp_bytes": cal["l2_residue_ramp_bytes"], "cohort_weight": cal["l2_cohort_weight"],
                    **{k: v for k, v in variant.items()
-                      if k not in ("capacities", "pv_tiles", "sets", "stripe_kib", "levels_mib",
-                                   "single_climbs", "dueling", "rrip")}}
+                      if k not in ("capacities", "pv_tiles", "pace", "pv_shared_v_tiles", "sets", "stripe_kib",
+                                   "levels_mib", "single_climbs", "dueling", "rrip")}}
         options["dirty_limit"] = options.get("dirty_limit", float("inf")) * MiB
         options["kernel_read_weights"] = {**kernel_figures(gpu, "read_weight"), **variant.get("kernel_read_weights", {})}
         ageing = kernel_figures(gpu, "clean_age_factor")  # the machine file's, in the variant's own terms
@@ -624,6 +679,8 @@ def main(names: list[str], sweeps: bool, sdpa: bool, show_rows: bool, heads: boo
         variant = VARIANTS[name] if name in VARIANTS else kernel_fills(name)
         physical.l2_cache = l2_of(variant)  # what predict() builds its L2 with
         physical._naive = pv_tiles.naive if variant.get("pv_tiles") else model_naive
+        physical.run_programs = paced_run_programs(variant["pace"]) if "pace" in variant else _model_run_programs
+        naive_algorithm.PV_SHARED_V_TILES = variant.get("pv_shared_v_tiles", MODEL_PV_SHARED_V_TILES)
         if naive or flash:
             implementations = ("naive",) if naive else ("fa2", "sdpa_flash")
             with Pool(2) as pool:
