@@ -54,8 +54,8 @@ PV_CHUNK_COLUMNS = 512  # columns of P the P V GEMM's CTAs read per step: 256 Ki
 # A head's chunk of V is data its P V CTAs read together (held as a cohort's in the L2) once its rows fill this many
 # CTAs' tiles; fewer read it as one CTA reads a stream. A line read together by 1, 2 or 4 CTAs misses when read again as
 # one CTA's does, by 16 or more as a cohort's (benchmarks/gpu/l2_probe/readers.json); chosen on the calibration
-# sweep's fit rows among 2, 4, 8 and 16 (239, 242, 241, 241 of 256 within 10% / 1 MiB; `python
-# benchmarks/gpu/l2_probe/variants.py current` with each, benchmarks/gpu/l2_probe/variants.txt).
+# sweep's fit rows among 1 (every head), 2, 4, 8 and 16: 236, 239, 242, 241, 241 of 256 within 10% / 1 MiB (`python
+# benchmarks/gpu/l2_probe/variants.py pv-shared-v-1 pv-shared-v-2 current pv-shared-v-8 pv-shared-v-16`, variants.txt).
 PV_SHARED_V_TILES = 4
 
 
