@@ -185,12 +185,13 @@ def gemm_pv_cta(gpu: SimulatedGPU, sched: TileSchedule, scale: float, cta: CTA, 
     h_kv = kv_head(h, hbm.shape("Q")[0] // hbm.shape("V")[0])  # its group's V
     chunks = _column_chunks(sched)
     V = np.empty(hbm.shape("V")[1:], dtype=STATE_DTYPE)  # (n_kv, d): read a chunk at a time by the first wave
+    shared_v = v_shared(sched)
     for w, wave in enumerate(_waves(sched, wave_rows)):
         blocks = _row_blocks(sched, hbm.itemsize("P"), wave)
         O_w = np.zeros((wave.stop - wave.start, V.shape[1]), dtype=V.dtype)  # (wave rows, d) accumulated
         for k, cols in enumerate(chunks):
             if w == 0:  # the head's CTAs of the wave read it; later waves' reads hit: counted once, as the logical model does
-                V[cols] = hbm.read("V", (h_kv, cols), shared=v_shared(sched))
+                V[cols] = hbm.read("V", (h_kv, cols), shared=shared_v)
             for rows in blocks:  # the dense GEMM multiplies every chunk; it reads only the stored pieces
                 stored = None if permitted is None else permitted[rows, cols]
                 read = stored is None or stored.any()
@@ -263,13 +264,13 @@ def naive_program(kernel: str, sched: TileSchedule, cta: CTA, d: int, itemsize: 
     # each wave's row blocks, with their index into `blocks` (a wave holds whole blocks)
     waves = [[(b, rows) for b, rows in enumerate(blocks) if wave.start <= rows.start < wave.stop]
              for wave in _waves(sched, wave_rows)]
+    shared_v = v_shared(sched)
 
     def pv_step(t: int) -> tuple[Access, ...]:
         wave, k = waves[t // len(chunks)], t % len(chunks)
         reads = (Access(block_key("P", h, rows, chunks[k]), int(pieces[b, k])) for b, rows in wave if pieces[b, k])
         ending = [rows for _, rows in wave] if k == len(chunks) - 1 else ()  # the wave's tiles of O go out
-        v = (Access(block_key("V", h_kv, chunks[k]), rows_bytes(chunks[k]), shared=v_shared(sched)),) \
-            if t < len(chunks) else ()
+        v = (Access(block_key("V", h_kv, chunks[k]), rows_bytes(chunks[k]), shared=shared_v),) if t < len(chunks) else ()
         return (*v, *reads, *(Access(block_key("O", h, rows), rows_bytes(rows), True) for rows in ending))
 
     return CTAProgram(cta, pv_step)

@@ -250,10 +250,11 @@ _model_run_programs = physical.run_programs
 
 
 def paced_run_programs(pace: float):
-    """simflash.grid.run_programs for FA-2's kernel with each cohort at its own pace: a step whose reads missed a
-    share f of their bytes in the L2 takes 1 + pace x f time steps, so readers that hit catch up with the one
-    ahead that misses and the L2 sees them in the order that gives (convoys, as the rotated readers of
-    rotated_timing.py form); `pace` 0 is the model's lock-step. Other kernels keep the lock-step."""
+    """simflash.grid.run_programs for FA-2's kernel with each cohort at its own pace: a step takes 1 + pace x f time
+    steps, f the bytes that missed in the L2 in it (a first step's Q too) over the bytes its stream reads (one
+    member's, where the cohort only streams), so readers that hit catch up with the one ahead that misses and the
+    L2 sees them in the order that gives (convoys, as the rotated readers of rotated_timing.py form); `pace` 0 is
+    the model's lock-step. Other kernels keep the lock-step."""
 
     def run(programs, slots, l2):
         if l2.kernel != "flash2_forward":
