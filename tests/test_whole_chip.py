@@ -484,9 +484,13 @@ def test_sdpa_s_causal_grids_of_several_waves_carry_the_diagonal_reuse_note():
 
 def test_naive_predictions_say_where_cublas_does_what_the_model_does_not():
     """At element sizes other than 16 bits, where K has more than one group of keys, the Q K GEMM's reads carry
-    a note (its walk was measured at fp16); warm, from 8 MiB of P in all, the P V GEMM's writes do."""
-    assert predict("naive", 4096, 128, heads=1).notes == ()
-    assert predict("naive", 8192, 128, heads=1, dtype="bfloat16").notes == ()
+    a note (its walk was measured at fp16); at 16 bits, where S outgrows the L2's effective capacity, its writes
+    do (cuBLAS's kernel family); warm, from 8 MiB of P in all, the P V GEMM's writes do."""
+    assert predict("naive", 2048, 128, heads=1).notes == ()  # 8 MiB of S
+    (family,) = predict("naive", 8192, 128, heads=1, dtype="bfloat16").notes  # 128 MiB
+    assert family.startswith("gemm_qk's DRAM writes") and "_TNN 26.1" in family
+    assert predict("naive", 4096, 128, heads=1, causal=True).notes == ()  # 16 MiB of the 32 stored
+    assert predict("naive", 4096, 128, heads=1).notes == (family,)  # 32 MiB
     (qk,) = predict("naive", 512, 128, n_kv=4096, heads=1, dtype="float32").notes
     assert qk.startswith("gemm_qk reads Q's tiles again once a group of 2,048 keys")
     assert predict("naive", 512, 128, n_kv=2048, heads=1, dtype="float32").notes == ()  # K of one group

@@ -111,7 +111,7 @@ def predict(
     l2 = l2_cache(spec)
     if algorithm == "naive":
         return PhysicalPrediction(config, _naive(spec, l2, n, n_kv, d, heads, causal, causal_variant, itemsize, cache),
-                                  _naive_notes(n, n_kv, heads, itemsize, cache))
+                                  _naive_notes(spec, n, n_kv, heads, causal, causal_variant, itemsize, cache))
     config.update(kernel=kernel, block_q=block_q, block_kv=block_kv)
     if kernel == "sdpa_flash" and (block_q, block_kv) == profile.tiles(d) and (
             not causal or n == n_kv or causal_variant == "lower_right"):  # the split path's mask is bottom-right
@@ -159,10 +159,17 @@ def _diagonal_notes(profile: KernelProfile, causal: bool, ctas: int, slots: int)
 PV_WARM_SCORE_BYTES = 8 * 1024 * 1024  # P (all heads) from which the P V GEMM's warm writes go astray
 
 
-def _naive_notes(n: int, n_kv: int, heads: int, itemsize: int, cache: str) -> tuple[str, ...]:
+def _naive_notes(spec: GPUSpec, n: int, n_kv: int, heads: int, causal: bool, causal_variant: str, itemsize: int,
+                 cache: str) -> tuple[str, ...]:
     """Where the naive path's cuBLAS kernels do what the model's one CTA a head does not, notes saying so, with
     what the sweeps measured (docs/physical.md, "Where it is wrong")."""
     notes = []
+    sched = TileSchedule(n, n_kv, n, n_kv, causal=causal, causal_variant=causal_variant)
+    if itemsize == 2 and heads * int(stored_per_row(sched).sum()) * itemsize >= spec.calibration["l2_effective_bytes"]:
+        notes.append("gemm_qk's DRAM writes (the S the L2 cannot keep) depend on which of two families of kernels "
+                     "cuBLAS picks, which the model does not know: its kernels whose names end in _TNT leave a median "
+                     "28.0 MiB of S dirty at their end, as the model does (28.5), those ending in _TNN 26.1, so about "
+                     "2 MiB more is written (benchmarks/gpu/naive_warm/residues.txt)")
     if itemsize != 2 and n_kv > QK_GROUP_KEYS:
         notes.append("gemm_qk reads Q's tiles again once a group of 2,048 keys, as cuBLAS's 16-bit Q K GEMM walks "
                      "them (benchmarks/gpu/naive_warm/qk_shapes.txt); its kernels for other element sizes were not "

@@ -6,7 +6,7 @@ cohort's only from heads of four CTAs' tiles, `pv-shared-v-4`, now simflash.algo
 each variant here is a change to the model as it stands).
 
     python benchmarks/gpu/l2_probe/variants.py [VARIANT | fills:KERNEL=WEIGHT,... ...] [--sweeps] [--sdpa] [--probe-rows] [--heads] [--naive]
-                                                [--flash] [--retention] [--bands]
+                                                [--flash | --fa2] [--retention] [--bands]
 
 Per variant: the probe's kernel rows predicted (DRAM bytes read and written, within 10% / 1 MiB, and the
 absolute error in MiB), and the calibration sweep's fit rows within 10% / 1 MiB (naive and simflash's
@@ -20,7 +20,8 @@ rotated readers (retention.json) replayed in lock-step: the share of their re-re
 measured. With --bands, only the bands probe (bands.json) replayed in lock-step: the DRAM MiB read beyond
 the compulsory, predicted / measured. With --naive, only the naive path's rows
 no figure was fitted on (the eight sweeps less the calibration fit set), by kernel, cold and warm; with
---flash, those rows of simflash's FA-2 kernel and PyTorch SDPA's; with either and --probe-rows, each of
+--flash, those rows of simflash's FA-2 kernel and PyTorch SDPA's (--fa2: simflash's alone); with any of them
+and --probe-rows, each of
 those rows' DRAM MiB read and written, measured / predicted.
 """
 
@@ -89,6 +90,8 @@ class L2Variant(L2Cache):
     clean_age_kernels: tuple = ()  # with clean_age_factor: only in these kernels (all where empty)
     random_victim_share: float = 0.0  # on each eviction, this share of the time the victim is a block drawn at random
     random_victim_clean: bool = False  # with random_victim_share: only clean blocks drawn (the LRU one where none is)
+    kernel_dirty_weights: dict = attrs.field(factory=dict)  # the share of its size a block written holds, by kernel
+    clean_tail: float = 0.0  # dirty blocks within this many bytes of the least recently used end are written back, kept clean
     _writing: bool = False
     _clock: int = 0  # bytes brought in (fills and writes): the age a block's last touch is told by
     _touched: dict = attrs.field(factory=dict)  # key -> _clock at its insertion or last move to the end
@@ -148,10 +151,11 @@ class L2Variant(L2Cache):
         if block is not None:
             self._resident_cost -= block[2]
             self._forget_dirty(key)
-        self._blocks[key] = [nbytes, True, nbytes * self.dirty_weight]
+        held = nbytes * self.kernel_dirty_weights.get(self.kernel, self.dirty_weight)
+        self._blocks[key] = [nbytes, True, held]
         self._clock += nbytes
         self._touched[key] = self._clock
-        self._resident_cost += nbytes * self.dirty_weight
+        self._resident_cost += held
         self._dirty[key] = nbytes
         self._dirty_bytes += nbytes
         if block is None:
@@ -197,6 +201,23 @@ class L2Variant(L2Cache):
             self._flow(key[0])[2] += nbytes
 
     def _evict(self):
+        self._evict_lru()
+        if self.clean_tail:
+            self._clean_tail()
+
+    def _clean_tail(self):
+        """Write back the dirty blocks among the least recently used `clean_tail` bytes; they stay, clean."""
+        held = 0.0
+        for key, block in self._blocks.items():
+            if held >= self.clean_tail:
+                break
+            held += block[2]
+            if block[1]:
+                block[1] = False
+                self._flow(key[0])[2] += block[0]
+                self._forget_dirty(key)
+
+    def _evict_lru(self):
         while self._resident_cost > self.capacity_bytes and self._blocks:
             self._evicting = True
             window = self.kernel_victim_windows.get(self.kernel, self.victim_window)
@@ -541,6 +562,7 @@ VARIANTS = {
     "sets-28.5-8-stripes-64": dict(capacities=(28.5,), sets=8, stripe_kib=64),
     "sets-28.5-114-stripes-16": dict(capacities=(28.5,), sets=114, stripe_kib=16),
     "cohort-0.7": dict(cohort_weight=0.7),
+    "cohort-0.95": dict(cohort_weight=0.95),
     # a clean block ageing slower than a dirty one where they vie for a set's room
     "qk-lru": dict(clean_age_factor=1.0),  # the Q K GEMM's blocks in least recently used order, as before
     "clean-age-1.4": dict(clean_age_factor=1.4),
@@ -552,6 +574,12 @@ VARIANTS = {
     **{f"paced-{p}-random-{r}": dict(pace=p, random_victim_share=r) for p in (1.0, 3.0) for r in (0.05, 0.2)},
     # the P V GEMM's chunks of V read as a cohort's data from heads of this many CTAs' tiles (1: every head, as before)
     **{f"pv-shared-v-{k}": dict(pv_shared_v_tiles=k) for k in (1, 2, 4, 8, 16)},
+    # the softmax's victims drawn at random among a set's W least recently used blocks
+    **{f"softmax-random-{w}": dict(kernel_victim_windows={"softmax": w}) for w in (8, 64)},
+    # the softmax's writes (P) holding that share of their size
+    **{f"softmax-writes-{w}": dict(kernel_dirty_weights={"softmax": w}) for w in (0.75, 0.9)},
+    # an eager write-back: dirty blocks within the least recently used W MiB (over all sets) written back, kept clean
+    **{f"clean-tail-{w}": dict(clean_tail=w) for w in (1, 2)},
 }
 
 
@@ -579,6 +607,7 @@ def l2_of(variant: dict):
         options["flush_residue_bytes"] //= sets
         options["residue_ramp_bytes"] /= sets
         options["dirty_limit"] /= sets  # each set caps its share of the dirty bytes
+        options["clean_tail"] = options.get("clean_tail", 0.0) * MiB / sets
         def sets_of(cache, each=lambda i: {}):  # the model's sets, each a `cache` with its share
             share = (capacity * MiB / sets, options["read_fill_weight"], options["flush_residue_bytes"],
                      options["residue_ramp_bytes"], options["cohort_weight"], options["kernel_read_weights"])
@@ -674,7 +703,7 @@ def show(counts: dict[tuple[str, str, str], list[int]]) -> str:
 
 
 def main(names: list[str], sweeps: bool, sdpa: bool, show_rows: bool, heads: bool = False, naive: bool = False,
-         flash: bool = False, retention: bool = False, band_probe: bool = False) -> None:
+         flash: bool = False, retention: bool = False, band_probe: bool = False, fa2_only: bool = False) -> None:
     model_naive = physical._naive
     for name in names or list(VARIANTS):
         variant = VARIANTS[name] if name in VARIANTS else kernel_fills(name)
@@ -683,7 +712,7 @@ def main(names: list[str], sweeps: bool, sdpa: bool, show_rows: bool, heads: boo
         physical.run_programs = paced_run_programs(variant["pace"]) if "pace" in variant else _model_run_programs
         naive_algorithm.PV_SHARED_V_TILES = variant.get("pv_shared_v_tiles", MODEL_PV_SHARED_V_TILES)
         if naive or flash:
-            implementations = ("naive",) if naive else ("fa2", "sdpa_flash")
+            implementations = ("naive",) if naive else ("fa2",) if fa2_only else ("fa2", "sdpa_flash")
             with Pool(2) as pool:
                 parts = pool.starmap(unseen_rows, [(s, m, implementations) for s in REGIME_SWEEPS
                                                    for m in ("cold", "warm")])
@@ -828,7 +857,8 @@ def summed(tables: list[dict]) -> dict:
 
 
 if __name__ == "__main__":
-    flags = {"--sweeps", "--sdpa", "--probe-rows", "--heads", "--naive", "--flash", "--retention", "--bands"}
+    flags = {"--sweeps", "--sdpa", "--probe-rows", "--heads", "--naive", "--flash", "--retention", "--bands", "--fa2"}
     main([a for a in sys.argv[1:] if a not in flags], "--sweeps" in sys.argv[1:], "--sdpa" in sys.argv[1:],
          "--probe-rows" in sys.argv[1:], "--heads" in sys.argv[1:], "--naive" in sys.argv[1:],
-         "--flash" in sys.argv[1:], "--retention" in sys.argv[1:], "--bands" in sys.argv[1:])
+         "--flash" in sys.argv[1:] or "--fa2" in sys.argv[1:], "--retention" in sys.argv[1:],
+         "--bands" in sys.argv[1:], "--fa2" in sys.argv[1:])

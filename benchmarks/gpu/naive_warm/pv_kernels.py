@@ -27,15 +27,15 @@ SWEEPS = Path(__file__).resolve().parents[1]
 TILE = re.compile(r"nvjet_sm90_hsh_(\d+)x(\d+)_64x\d+_(\dx\d)_(\w)_")
 
 
-def kernel_names(cache: str) -> dict[tuple, list[str]]:
-    """{(sweep, heads, n, d, causal): the ncu kernel names of the configuration's gemm_pv}."""
+def kernel_names(cache: str, kernel: str = "gemm_pv") -> dict[tuple, list[str]]:
+    """{(sweep, heads, n, d, causal): the ncu kernel names of the configuration's `kernel`}."""
     names = {}
     for sweep in REGIME_REPORTS:
         for entry in json.loads((SWEEPS / f"{sweep}_{cache}.json").read_text())["configs"]:
             c = entry["config"]
             if c["algorithm"] == "naive":
-                (pv,) = (k for k in entry["kernels"] if k["kernel"] == "gemm_pv")
-                names[sweep, c["heads"], c["n"], c["d"], c["causal"]] = pv["ncu_kernels"]
+                (ran,) = (k for k in entry["kernels"] if k["kernel"] == kernel)
+                names[sweep, c["heads"], c["n"], c["d"], c["causal"]] = ran["ncu_kernels"]
     return names
 
 
