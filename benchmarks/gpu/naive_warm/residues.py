@@ -4,8 +4,9 @@ back), every sweep's configurations without the mask whose S outgrows the L2 (40
 less the GEMM's DRAM writes. Grouped by the share of the GEMM's traffic that is reads of Q and K (2 d / N of
 it per S written, so 50% at N = 256, d = 128): whether the operands it reads take room from the S it writes;
 then by the cuBLAS kernel that ran (the ncu kernel name's tile and its last letter, T or N: cuBLAS's heuristics
-pick one of two families of kernels for this GEMM). With a git revision, the reports as they were committed
-there.
+pick one of two families of kernels for this GEMM); last, the unseen rows (all but the calibration fit set)
+whose DRAM writes are within 10% / 1 MiB, by family, cold and warm. With a git revision, the reports as they
+were committed there.
 
     python benchmarks/gpu/naive_warm/residues.py [REV] > benchmarks/gpu/naive_warm/residues.txt
 """
@@ -22,7 +23,7 @@ from naive_warm.pv_kernels import kernel_names
 from unseen_counts import report
 
 from simflash.config import MiB
-from simflash.model.calibration import REPORTS
+from simflash.model.calibration import REGIME_REPORTS, REPORTS, within
 
 SHARES = ((0.25, "25 to 50%"), (0.10, "10 to 25%"), (0.03, "3 to 10%"), (0.0, "under 3%"))
 TILE = re.compile(r"nvjet_sm90_hsh_(\d+x\d+)_.*_T N(\w)$".replace(" ", ""))
@@ -63,6 +64,20 @@ def main(rev: str | None) -> None:
             print(f"  TN{last} {tile:12s} | {len(pairs):4d} | {median_range(measured):18s} | {median_range(predicted)}")
         measured, predicted = zip(*(p for key, pairs in by_kernel.items() if key[0] == last for p in pairs))
         print(f"  TN{last} all          | {len(measured):4d} | {median_range(measured):18s} | {median_range(predicted)}")
+    print("  unseen rows whose DRAM writes are within 10% / 1 MiB, by the kernel family that ran")
+    for cache in ("cold", "warm"):
+        ran = kernel_names(cache, "gemm_qk")
+        cells: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+        for sweep, name in REGIME_REPORTS.items():
+            for row in report(name, rev)["rows"]:
+                c = row["config"]
+                if row["kernel"] != "gemm_qk" or row["cache"] != cache or row["subset"] == "fit":
+                    continue
+                (kernel,) = ran[sweep, c["heads"], c["n"], c["d"], c["causal"]]
+                cell = cells[TILE.search(kernel)[2]]
+                cell[0] += within(row["predicted"]["dram_write_bytes"], row["measured"]["dram_write_bytes"])
+                cell[1] += 1
+        print(f"  {cache}: " + ", ".join(f"TN{last} {ok} of {n}" for last, (ok, n) in sorted(cells.items(), reverse=True)))
 
 
 if __name__ == "__main__":
