@@ -578,6 +578,8 @@ VARIANTS = {
     **{f"softmax-random-{w}": dict(kernel_victim_windows={"softmax": w}) for w in (8, 64)},
     # the softmax's writes (P) holding that share of their size
     **{f"softmax-writes-{w}": dict(kernel_dirty_weights={"softmax": w}) for w in (0.75, 0.9)},
+    # the FA-2 kernels' writes (O) holding that share of their size
+    **{f"flash-writes-{w}": dict(kernel_dirty_weights={"flash2_forward": w}) for w in (1.1, 1.25)},
     # an eager write-back: dirty blocks within the least recently used W MiB (over all sets) written back, kept clean
     **{f"clean-tail-{w}": dict(clean_tail=w) for w in (1, 2)},
 }
