@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import attrs
 
+from simflash.algorithms import flash2
 from simflash.algorithms.naive import GEMM_TILE_ROWS, KERNELS
 from simflash.config import GPUSpec
 from simflash.l2 import L2, L2Cache, L2Mixture, L2Sets
@@ -73,8 +74,8 @@ def gemm_pv_wave_rows(gpu: GPUSpec) -> int:
 
 
 def kernel_figures(gpu: GPUSpec, figure: str) -> dict[str, float]:
-    """An L2 figure the machine file gives naive kernels of their own (`l2_<kernel>_<figure>`), by kernel."""
-    return {kernel: gpu.calibration[f"l2_{kernel}_{figure}"] for kernel in KERNELS
+    """An L2 figure the machine file gives kernels of their own (`l2_<kernel>_<figure>`), by kernel."""
+    return {kernel: gpu.calibration[f"l2_{kernel}_{figure}"] for kernel in (*KERNELS, flash2.KERNEL)
             if f"l2_{kernel}_{figure}" in gpu.calibration}
 
 
@@ -92,7 +93,7 @@ def l2_cache(gpu: GPUSpec) -> L2:
                        int(gpu.calibration.get("l2_flush_residue_bytes", 0)) // sets,
                        gpu.calibration.get("l2_residue_ramp_bytes", 0.0) / sets,
                        gpu.calibration.get("l2_cohort_weight", 1.0), kernel_figures(gpu, "read_weight"),
-                       kernel_figures(gpu, "clean_age_factor"))
+                       kernel_figures(gpu, "clean_age_factor"), kernel_figures(gpu, "write_weight"))
 
     if sets > 1:
         return L2Sets(tuple(lru(capacity / sets) for _ in range(sets)), int(gpu.calibration["l2_stripe_bytes"]))

@@ -99,7 +99,11 @@ class L2Cache:
     dirty one: the victim is the least recently used dirty block unless the least recently used clean one
     is older by the factor (ages in bytes brought in since each was filled, written or read again). A
     GEMM writing its output around operand tiles it reads again keeps those tiles longer than least
-    recently used order would (benchmarks/gpu/l2_probe/bands.txt)."""
+    recently used order would (benchmarks/gpu/l2_probe/bands.txt).
+
+    In the kernels `kernel_write_weights` names, a block written holds that share of its size: the L2 keeps
+    more of what FA-2 writes (O) dirty than its size would leave room for beside the stream of K and V
+    (benchmarks/gpu/l2_probe/fit_writes.txt)."""
 
     capacity_bytes: float
     read_fill_weight: float = 1.0
@@ -108,6 +112,7 @@ class L2Cache:
     cohort_weight: float = 1.0
     kernel_read_weights: Mapping[str, float] = attrs.field(factory=dict)
     kernel_clean_age_factors: Mapping[str, float] = attrs.field(factory=dict)
+    kernel_write_weights: Mapping[str, float] = attrs.field(factory=dict)
     kernel: str | None = None
     _blocks: OrderedDict[BlockKey, list] = attrs.field(factory=OrderedDict)  # key -> [nbytes, dirty, cost]
     _resident_cost: float = 0.0
@@ -147,11 +152,12 @@ class L2Cache:
     def write(self, key: BlockKey, nbytes: int) -> None:
         block = self._blocks.get(key)
         self._flow(key[0])[4] += nbytes
+        held = nbytes * self.kernel_write_weights.get(self.kernel, 1.0)  # type: ignore[arg-type]
         if block is None:
-            self._insert(key, nbytes, dirty=True, cost=nbytes)
+            self._insert(key, nbytes, dirty=True, cost=held)
         else:
-            self._resident_cost += nbytes - block[2]
-            block[0], block[1], block[2] = nbytes, True, nbytes
+            self._resident_cost += held - block[2]
+            block[0], block[1], block[2] = nbytes, True, held
             self._blocks.move_to_end(key)
             self._touch(key)
             self._evict()

@@ -113,6 +113,25 @@ def test_a_kernel_with_its_own_read_weight_reads_without_displacing_what_it_writ
         assert (k.read_bytes, k.hit_bytes, k.again_bytes) == (40, 40, 40)  # the ledger's K is the first read
 
 
+def test_a_block_written_in_a_kernel_with_its_own_write_weight_holds_that_share_of_its_size():
+    """In a kernel `kernel_write_weights` names, a block written holds that share of its size (1.1 for FA-2's
+    O, as the machine file has it): five 20-byte blocks written at 1.25 in a 100-byte cache hold 125, so the
+    oldest is written back and 80 bytes stay dirty; in another kernel all 100 stay. Written again, a block
+    keeps holding its kernel's share."""
+    caches = sf.model.physical.l2_cache(sf.GPUS["H200"]).caches
+    assert caches[0].kernel_write_weights == {"flash2_forward": 1.1}
+    for kernel, written_back in (("flash2_forward", 20), ("softmax", 0)):
+        l2 = L2Cache(capacity_bytes=100, kernel_write_weights={"flash2_forward": 1.25})
+        l2.kernel = kernel
+        for row in range(5):
+            l2.write(("O", 0, row), 20)
+        l2.write(("O", 0, 4), 20)
+        assert l2._blocks["O", 0, 4][2] == (25 if written_back else 20)
+        l2.end_kernel()
+        flow = l2.traffic().ledger[kernel, "O"]
+        assert (flow.dram_write_bytes, flow.dirty_at_end_bytes) == (written_back, 100 - written_back)
+
+
 def test_a_clean_block_ageing_slower_outlasts_dirty_ones_written_after_it():
     """Capacity 100: Q (clean, 20 bytes) read, then S written 20 bytes at a time. Least recently used order
     evicts Q first; ageing clean blocks 1.4 times slower, Q outlasts S pieces written up to 1.4 times its age
@@ -335,7 +354,8 @@ def test_lock_step_waves_reread_kv_that_outgrows_the_l2():
     waves = -(-1024 // 132)
     assert p.dram_read_bytes == pytest.approx(32 * MiB + waves * 64 * MiB, rel=0.02)
     small = predict("fa2", 4096, 128, heads=32).kernel("flash2_forward")
-    assert small.dram_read_bytes == 96 * MiB  # Q, K, V once: the re-reads hit
+    # Q, K, V once: the re-reads hit, all but 48 KiB (ncu measured 96.07 MiB cold, 96.16 warm)
+    assert 96 * MiB <= small.dram_read_bytes <= 96.1 * MiB
 
 
 def test_lecture_example_moving_s_and_p_at_3_tb_per_s():

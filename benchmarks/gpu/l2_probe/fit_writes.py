@@ -19,7 +19,7 @@ def main(weights: list[float]) -> None:
     measurements = [load(SWEEP_FOLDER / f"calibration_{mode}.json") for mode in ("cold", "warm")]
     print("O's weight | fit rows within | error MiB: median, absolute sum")
     for weight in weights:
-        physical.l2_cache = l2_of({"kernel_dirty_weights": {flash2.KERNEL: weight}})  # what compare() predicts with
+        physical.l2_cache = l2_of({"kernel_write_weights": {flash2.KERNEL: weight}})  # what compare() predicts with
         rows = [c for measurement in measurements
                 for c in compare(measurement, implementations=("fa2",), sweep="calibration") if c.subset == "fit"]
         errors = [(c.predicted["dram_write_bytes"] - c.measured["dram_write_bytes"]) / MiB for c in rows]

@@ -90,7 +90,6 @@ class L2Variant(L2Cache):
     clean_age_kernels: tuple = ()  # with clean_age_factor: only in these kernels (all where empty)
     random_victim_share: float = 0.0  # on each eviction, this share of the time the victim is a block drawn at random
     random_victim_clean: bool = False  # with random_victim_share: only clean blocks drawn (the LRU one where none is)
-    kernel_dirty_weights: dict = attrs.field(factory=dict)  # the share of its size a block written holds, by kernel
     clean_tail: float = 0.0  # dirty blocks within this many bytes of the least recently used end are written back, kept clean
     _writing: bool = False
     _clock: int = 0  # bytes brought in (fills and writes): the age a block's last touch is told by
@@ -151,7 +150,7 @@ class L2Variant(L2Cache):
         if block is not None:
             self._resident_cost -= block[2]
             self._forget_dirty(key)
-        held = nbytes * self.kernel_dirty_weights.get(self.kernel, self.dirty_weight)
+        held = nbytes * self.kernel_write_weights.get(self.kernel, self.dirty_weight)
         self._blocks[key] = [nbytes, True, held]
         self._clock += nbytes
         self._touched[key] = self._clock
@@ -577,9 +576,9 @@ VARIANTS = {
     # the softmax's victims drawn at random among a set's W least recently used blocks
     **{f"softmax-random-{w}": dict(kernel_victim_windows={"softmax": w}) for w in (8, 64)},
     # the softmax's writes (P) holding that share of their size
-    **{f"softmax-writes-{w}": dict(kernel_dirty_weights={"softmax": w}) for w in (0.75, 0.9)},
-    # the FA-2 kernels' writes (O) holding that share of their size
-    **{f"flash-writes-{w}": dict(kernel_dirty_weights={"flash2_forward": w}) for w in (1.1, 1.25)},
+    **{f"softmax-writes-{w}": dict(kernel_write_weights={"softmax": w}) for w in (0.75, 0.9)},
+    # the FA-2 kernels' writes (O) holding that share of their size (1.1: the model)
+    **{f"flash-writes-{w}": dict(kernel_write_weights={"flash2_forward": w}) for w in (1.0, 1.1, 1.25)},
     # an eager write-back: dirty blocks within the least recently used W MiB (over all sets) written back, kept clean
     **{f"clean-tail-{w}": dict(clean_tail=w) for w in (1, 2)},
 }
@@ -597,6 +596,7 @@ def l2_of(variant: dict):
                                    "levels_mib", "single_climbs", "dueling", "rrip")}}
         options["dirty_limit"] = options.get("dirty_limit", float("inf")) * MiB
         options["kernel_read_weights"] = {**kernel_figures(gpu, "read_weight"), **variant.get("kernel_read_weights", {})}
+        options["kernel_write_weights"] = {**kernel_figures(gpu, "write_weight"), **variant.get("kernel_write_weights", {})}
         ageing = kernel_figures(gpu, "clean_age_factor")  # the machine file's, in the variant's own terms
         if "clean_age_factor" not in variant and ageing:
             (options["clean_age_factor"],) = set(ageing.values())
