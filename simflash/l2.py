@@ -217,6 +217,8 @@ class L2Cache:
             self._flow(RESIDUE)[2] += written
 
     def _evict(self) -> None:
+        if self._resident_cost <= self.capacity_bytes:
+            return
         factor = self.kernel_clean_age_factors.get(self.kernel)  # type: ignore[arg-type]
         while self._resident_cost > self.capacity_bytes and self._blocks:
             if factor is None:
