@@ -102,8 +102,8 @@ class L2Cache:
     recently used order would (benchmarks/gpu/l2_probe/bands.txt).
 
     In the kernels `kernel_write_weights` names, a block written holds that share of its size: the L2 keeps
-    more of what FA-2 writes (O) dirty than its size would leave room for beside the stream of K and V
-    (benchmarks/gpu/l2_probe/fit_writes.txt)."""
+    less of what FA-2 writes (O) dirty at the kernel's end than O's size alone leaves room for beside the
+    stream of K and V (benchmarks/gpu/l2_probe/fit_writes.txt)."""
 
     capacity_bytes: float
     read_fill_weight: float = 1.0
