@@ -318,7 +318,7 @@ def run_tiled(
 
     ctas = algorithm.grid(sched, heads, longest_first=longest_first, group=heads // machine.hbm.shape("K")[0])
     with machine.hbm.kernel(algorithm.kernel):
-        yield from run_bodies({cta: functools.partial(body, cta) for cta in ctas}, slots)
+        yield from run_bodies({cta: functools.partial(body, cta) for cta in ctas}, slots, machine.hbm)
 
 
 def _trace_config(config: RunConfig) -> dict[str, Any]:
@@ -516,7 +516,7 @@ def naive_forward(q, k, v, causal, causal_variant, scale, dtype, *, record_event
         with hbm.kernel(kernel), np.errstate(over="ignore", invalid="ignore"):
             slots = concurrent_heads(kernel, sched, wave_rows)
             ctas = naive_grid(kernel, sched, heads, Q.dtype.itemsize, wave_rows)
-            for _ in run_bodies({cta: functools.partial(naive_body, kernel, cta) for cta in ctas}, slots):
+            for _ in run_bodies({cta: functools.partial(naive_body, kernel, cta) for cta in ctas}, slots, hbm):
                 pass
         if kernel == NAIVE_KERNELS[0]:  # only the stored entries: masked ones are never written
             stored = np.isinf(hbm.inspect("S").astype(STATE_DTYPE))

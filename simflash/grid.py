@@ -17,8 +17,8 @@ logical ledger do not depend on the schedule; only what the L2 sees does.
 The same loop drives CTAs with values (generators calling hbm.read and hbm.write) and CTAs without
 (`CTAProgram`s listing their transfers), so a traffic-only run sees exactly the order a run with
 values sees. In a step where every member of a cohort only streams, the members' identical reads of
-one block reach the L2 as one read with a count: back-to-back reads of a block leave an LRU cache as
-one read does, whatever their number (as long as the cache holds one step's blocks, as any L2 does).
+one block reach the L2 as one read with a count (in both runs): the L2 holds data a cohort reads at
+once as it holds shared data, and back-to-back reads of a block otherwise leave it as one read does.
 """
 
 from __future__ import annotations
@@ -141,11 +141,7 @@ def run_programs(programs: Iterable[CTAProgram], slots: int, l2: L2) -> list[int
 
 def _play_step(step: int, members: list[CTAProgram], only_streaming: bool, l2: L2) -> None:
     if only_streaming:
-        for access in members[0].stream(step):
-            if access.write:
-                l2.write(access.key, access.nbytes)
-            else:
-                l2.read(access.key, access.nbytes, count=len(members), shared=access.shared, again=access.again)
+        _play_together(members[0].stream(step), len(members), l2)
         return
     for program in members:
         if step == 0:
@@ -156,6 +152,16 @@ def _play_step(step: int, members: list[CTAProgram], only_streaming: bool, l2: L
             _play(program.epilogue, l2)
 
 
+def _play_together(accesses: Iterable[Access], members: int, l2: L2) -> None:
+    """One step of a cohort whose members all only stream: their identical reads reach the L2 as one read
+    with a count."""
+    for access in accesses:
+        if access.write:
+            l2.write(access.key, access.nbytes)
+        else:
+            l2.read(access.key, access.nbytes, count=members, shared=access.shared, again=access.again)
+
+
 def _play(accesses: Iterable[Access], l2: L2) -> None:
     for access in accesses:
         if access.write:
@@ -164,24 +170,59 @@ def _play(accesses: Iterable[Access], l2: L2) -> None:
             l2.read(access.key, access.nbytes, shared=access.shared, again=access.again)
 
 
-def run_bodies(bodies: Mapping[CTA, Callable[[], Iterator]], slots: int) -> Iterator:
+class _Held:
+    """Stands in for the L2 while one member of a cohort streams a step with values: keeps its transfers."""
+
+    def __init__(self) -> None:
+        self.accesses: list[Access] = []
+
+    def read(self, key: BlockKey, nbytes: int, count: int = 1, shared: bool = False, again: bool = False) -> None:
+        self.accesses.append(Access(key, nbytes, shared=shared, again=again))
+
+    def write(self, key: BlockKey, nbytes: int) -> None:
+        self.accesses.append(Access(key, nbytes, write=True))
+
+
+def run_bodies(bodies: Mapping[CTA, Callable[[], Iterator]], slots: int, hbm: Any = None) -> Iterator:
     """Drive CTAs with values (generators yielding once per step) in the given schedule; re-yields
-    what they yield, except None. Each body must end exactly after its CTA's n_steps + 1 steps."""
+    what they yield, except None. Each body must end exactly after its CTA's n_steps + 1 steps.
+
+    With `hbm` (whose `l2`, when set, sees every transfer): in a step where every member of a cohort only
+    streams, the members' transfers are held back and reach the L2 as in a traffic-only run, their identical
+    reads as one read with a count."""
     running: dict[CTA, Iterator] = {}
     for _, cohorts in lockstep(bodies, slots):
-        for step, members, _ in cohorts:
-            for cta in members:
-                body = running.get(cta)
-                if body is None:
-                    body = running[cta] = bodies[cta]()
-                try:
-                    item = next(body)
-                except StopIteration:
-                    if step != cta.n_steps:
-                        raise RuntimeError(f"CTA {cta.index} ended at step {step}, expected {cta.n_steps}") from None
-                    del running[cta]
-                    continue
-                if step == cta.n_steps:
-                    raise RuntimeError(f"CTA {cta.index} runs past its {cta.n_steps} steps")
-                if item is not None:
-                    yield item
+        for step, members, only_streaming in cohorts:
+            l2 = hbm.l2 if hbm is not None and only_streaming else None
+            if l2 is None:
+                yield from (item for cta in members if (item := _advance(running, bodies, cta, step)) is not None)
+                continue
+            items, streams = [], []
+            try:
+                for cta in members:
+                    hbm.l2 = held = _Held()
+                    items.append(_advance(running, bodies, cta, step))
+                    streams.append(held.accesses)
+            finally:
+                hbm.l2 = l2
+            if any(stream != streams[0] for stream in streams):
+                raise RuntimeError(f"the cohort of CTA {members[0].index} streamed different blocks at step {step}")
+            _play_together(streams[0], len(members), l2)
+            yield from (item for item in items if item is not None)
+
+
+def _advance(running: dict[CTA, Iterator], bodies: Mapping[CTA, Callable[[], Iterator]], cta: CTA, step: int):
+    """One step of a CTA's body (started at its first): what it yields, None once it has ended."""
+    body = running.get(cta)
+    if body is None:
+        body = running[cta] = bodies[cta]()
+    try:
+        item = next(body)
+    except StopIteration:
+        if step != cta.n_steps:
+            raise RuntimeError(f"CTA {cta.index} ended at step {step}, expected {cta.n_steps}") from None
+        del running[cta]
+        return None
+    if step == cta.n_steps:
+        raise RuntimeError(f"CTA {cta.index} runs past its {cta.n_steps} steps")
+    return item

@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 import simflash as sf
@@ -299,6 +299,8 @@ def test_schedules_agree_on_output_and_ledger(shape, causal, variant, algorithm,
 @given(shape=shapes, causal=st.booleans(), variant=st.sampled_from(["upper_left", "lower_right"]),
        cache=st.sampled_from(["cold", "warm"]), capacity=st.sampled_from([65536, 10**6, 10**9]),
        seed=st.integers(0, 2**32 - 1))
+# a cohort's reads held at the cohort weight change what this small L2 evicts
+@example(shape=(3, 384, 384, 32), causal=False, variant="upper_left", cache="cold", capacity=98304, seed=1)
 def test_traffic_only_run_sees_what_a_run_with_values_sees(shape, causal, variant, cache, capacity, seed):
     """Same logical bytes (also the closed form), same hits, DRAM bytes and dirty blocks, byte for byte.
 
@@ -308,6 +310,7 @@ def test_traffic_only_run_sees_what_a_run_with_values_sees(shape, causal, varian
     heads, n_q, n_kv, d = shape
     gpu = attrs.evolve(sf.GPUS["H200"], sm_count=2, calibration={"l2_effective_bytes": capacity,
                                                                     "l2_read_fill_weight": 0.5,
+                                                                    "l2_cohort_weight": 0.75,
                                                                     "l2_flush_residue_bytes": 4096})
     sf.config.GPUS["_test"] = gpu
     try:
@@ -407,6 +410,32 @@ def test_validation_records_match_the_model_and_the_docs():
                     kernel=kernel).kernel(row["kernel"])
         assert (p.dram_read_bytes, p.dram_write_bytes, p.time_s) == (
             row["predicted"]["dram_read_bytes"], row["predicted"]["dram_write_bytes"], row["predicted"]["time_s"])
+
+
+def test_a_cohort_streaming_with_values_reads_as_one_with_a_count():
+    """Two CTAs of one cohort, with values: where both only stream (step 1), their reads of K_1 reach the L2 as
+    one read of count 2, held at the cohort weight (as a traffic-only run plays them); where they start (step
+    0) one after the other, K_0 held whole. Members that stream different blocks are an error."""
+    from simflash.grid import CTA, run_bodies
+
+    class Machine:
+        l2 = L2Cache(capacity_bytes=1000, cohort_weight=0.5)
+
+    def body(cta, keys):
+        for step in range(cta.n_steps):
+            Machine.l2.read(("K", 0, keys[step]), 10)
+            yield None
+
+    ctas = [CTA((i,), n_steps=2, cohort=(0, 0)) for i in range(2)]
+    Machine.l2.kernel = "k"
+    list(run_bodies({cta: (lambda cta=cta: body(cta, (0, 1))) for cta in ctas}, 2, Machine))
+    assert isinstance(Machine.l2, L2Cache)
+    assert (Machine.l2._blocks["K", 0, 0][2], Machine.l2._blocks["K", 0, 1][2]) == (10, 5)
+    flow = Machine.l2.traffic().ledger["k", "K"]
+    assert (flow.read_bytes, flow.dram_read_bytes) == (40, 20)
+    bodies = {cta: (lambda cta=cta: body(cta, (0, cta.index[0] + 1))) for cta in ctas}
+    with pytest.raises(RuntimeError, match="streamed different blocks at step 1"):
+        list(run_bodies(bodies, 2, Machine))
 
 
 @pytest.mark.parametrize("slots", [1, 3])
