@@ -5,7 +5,8 @@ tiles walked as cuBLAS walks them, `l2_gemm_qk_clean_age_factor`, and the P V GE
 cohort's only from heads of four CTAs' tiles, `pv-shared-v-4`, now simflash.algorithms.naive.PV_SHARED_V_TILES;
 each variant here is a change to the model as it stands).
 
-    python benchmarks/gpu/l2_probe/variants.py [VARIANT | fills:KERNEL=WEIGHT,... ...] [--sweeps] [--sdpa] [--probe-rows] [--heads] [--naive]
+    python benchmarks/gpu/l2_probe/variants.py [VARIANT | fills:KERNEL=WEIGHT,... | writes:KERNEL=WEIGHT,... ...]
+                                                [--sweeps] [--sdpa] [--probe-rows] [--heads] [--naive]
                                                 [--flash | --fa2] [--retention] [--bands]
 
 Per variant: the probe's kernel rows predicted (DRAM bytes read and written, within 10% / 1 MiB, and the
@@ -708,7 +709,7 @@ def main(names: list[str], sweeps: bool, sdpa: bool, show_rows: bool, heads: boo
          flash: bool = False, retention: bool = False, band_probe: bool = False, fa2_only: bool = False) -> None:
     model_naive = physical._naive
     for name in names or list(VARIANTS):
-        variant = VARIANTS[name] if name in VARIANTS else kernel_fills(name)
+        variant = VARIANTS[name] if name in VARIANTS else kernel_weights(name)
         physical.l2_cache = l2_of(variant)  # what predict() builds its L2 with
         physical._naive = pv_tiles.naive if variant.get("pv_tiles") else model_naive
         physical.run_programs = paced_run_programs(variant["pace"]) if "pace" in variant else _model_run_programs
@@ -754,12 +755,17 @@ def main(names: list[str], sweeps: bool, sdpa: bool, show_rows: bool, heads: boo
               + "  ".join(f"{i} {ok} of {n}" for i, (ok, n) in sorted(by_implementation.items())), flush=True)
 
 
-def kernel_fills(name: str) -> dict:
+def kernel_weights(name: str) -> dict:
     """A variant named `fills:KERNEL=WEIGHT,...`: the read-fill weight in the kernels it names (`all`: in every
-    other kernel, in place of the machine file's)."""
-    if not name.startswith("fills:"):
-        raise SystemExit(f"unknown variant {name!r}: one of {sorted(VARIANTS)} or fills:KERNEL=WEIGHT,...")
-    weights = {kernel: float(weight) for kernel, weight in (item.split("=") for item in name[6:].split(","))}
+    other kernel, in place of the machine file's); `writes:KERNEL=WEIGHT,...`: the share of its size a block
+    written in those kernels holds."""
+    prefix, _, items = name.partition(":")
+    if prefix not in ("fills", "writes") or not items:
+        raise SystemExit(f"unknown variant {name!r}: one of {sorted(VARIANTS)}, fills:KERNEL=WEIGHT,... or "
+                         "writes:KERNEL=WEIGHT,...")
+    weights = {kernel: float(weight) for kernel, weight in (item.split("=") for item in items.split(","))}
+    if prefix == "writes":
+        return {"kernel_write_weights": weights}
     everywhere = {"read_fill_weight": weights.pop("all")} if "all" in weights else {}
     return {"kernel_read_weights": weights, **everywhere}
 
