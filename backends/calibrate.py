@@ -150,9 +150,17 @@ def splitkv_configs() -> list[dict]:
             for n, heads in shapes]
 
 
+def later_configs() -> list[dict]:
+    """A tenth sweep, on configurations none of the others holds, defined and measured after O's write weight in
+    the FA-2 kernels was adopted (with the first nine in view)."""
+    return _sweep((544, 1088, 2176, 4352, 6912), (13, 28, 55, 140, 280, 460), ((1088, 20), (2176, 8), (4352, 2)),
+                  ((6400, 44), (12800, 18), (25600, 7), (25600, 14), (43008, 5), (59392, 3), (83968, 2),
+                   (108544, 1)))
+
+
 SWEEPS = {"calibration": sweep_configs, "validation": validation_configs, "unseen": unseen_configs,
           "blind": blind_configs, "confirm": confirm_configs, "fresh": fresh_configs, "recheck": recheck_configs,
-          "verify": verify_configs, "splitkv": splitkv_configs}
+          "verify": verify_configs, "splitkv": splitkv_configs, "later": later_configs}
 
 
 def split_groups(kernels: list[dict], configs: list[dict]) -> list[list[dict]]:
