@@ -141,7 +141,7 @@ def run_programs(programs: Iterable[CTAProgram], slots: int, l2: L2) -> list[int
 
 def _play_step(step: int, members: list[CTAProgram], only_streaming: bool, l2: L2) -> None:
     if only_streaming:
-        _play_together(members[0].stream(step), len(members), l2)
+        _play(members[0].stream(step), l2, len(members))
         return
     for program in members:
         if step == 0:
@@ -152,22 +152,14 @@ def _play_step(step: int, members: list[CTAProgram], only_streaming: bool, l2: L
             _play(program.epilogue, l2)
 
 
-def _play_together(accesses: Iterable[Access], members: int, l2: L2) -> None:
-    """One step of a cohort whose members all only stream: their identical reads reach the L2 as one read
-    with a count."""
+def _play(accesses: Iterable[Access], l2: L2, members: int = 1) -> None:
+    """Transfers through the L2; with `members`, those of a cohort whose members all only stream: their
+    identical reads reach the L2 as one read with a count."""
     for access in accesses:
         if access.write:
             l2.write(access.key, access.nbytes)
         else:
             l2.read(access.key, access.nbytes, count=members, shared=access.shared, again=access.again)
-
-
-def _play(accesses: Iterable[Access], l2: L2) -> None:
-    for access in accesses:
-        if access.write:
-            l2.write(access.key, access.nbytes)
-        else:
-            l2.read(access.key, access.nbytes, shared=access.shared, again=access.again)
 
 
 class _Held:
@@ -207,7 +199,7 @@ def run_bodies(bodies: Mapping[CTA, Callable[[], Iterator]], slots: int, hbm: An
                 hbm.l2 = l2
             if any(stream != streams[0] for stream in streams):
                 raise RuntimeError(f"the cohort of CTA {members[0].index} streamed different blocks at step {step}")
-            _play_together(streams[0], len(members), l2)
+            _play(streams[0], l2, len(members))
             yield from (item for item in items if item is not None)
 
 

@@ -5,29 +5,19 @@ sweeps at a git revision against those in the working tree, every row whose DRAM
     python benchmarks/gpu/moved_rows.py REV > benchmarks/gpu/moved_rows.txt
 """
 
-import json
-import subprocess
 import sys
-from pathlib import Path
+
+from unseen_counts import KEYS, report
 
 from simflash.config import MiB
 from simflash.model.calibration import REGIME_REPORTS, within
-
-ROOT = Path(__file__).resolve().parent
-KEYS = {"reads": "dram_read_bytes", "writes": "dram_write_bytes"}
-
-
-def rows_at(rev: str, name: str) -> list[dict]:
-    shown = subprocess.run(["git", "show", f"{rev}:benchmarks/gpu/{name}"], capture_output=True, text=True,
-                           check=True, cwd=ROOT)
-    return json.loads(shown.stdout)["rows"]
 
 
 def main(rev: str) -> None:
     print(f"unseen rows moved between the reports at {rev} and the working tree")
     lines = []
     for name in REGIME_REPORTS.values():
-        for before, after in zip(rows_at(rev, name), json.loads((ROOT / name).read_text())["rows"], strict=True):
+        for before, after in zip(report(name, rev)["rows"], report(name, None)["rows"], strict=True):
             if after["subset"] == "fit":
                 continue
             c = after["config"]

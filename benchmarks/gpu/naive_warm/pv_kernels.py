@@ -14,6 +14,7 @@ import re
 import statistics
 import sys
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -27,10 +28,10 @@ SWEEPS = Path(__file__).resolve().parents[1]
 TILE = re.compile(r"nvjet_sm90_hsh_(\d+)x(\d+)_64x\d+_(\dx\d)_(\w)_")
 
 
-def kernel_names(cache: str, kernel: str = "gemm_pv") -> dict[tuple, list[str]]:
+def kernel_names(cache: str, kernel: str = "gemm_pv", sweeps: Iterable[str] = REGIME_REPORTS) -> dict[tuple, list[str]]:
     """{(sweep, heads, n, d, causal): the ncu kernel names of the configuration's `kernel`}."""
     names = {}
-    for sweep in REGIME_REPORTS:
+    for sweep in sweeps:
         for entry in json.loads((SWEEPS / f"{sweep}_{cache}.json").read_text())["configs"]:
             c = entry["config"]
             if c["algorithm"] == "naive":

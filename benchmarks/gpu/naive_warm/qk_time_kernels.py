@@ -9,8 +9,13 @@ within 15%; then, for the kernels whose median is off by more than 15%, the conf
 import json
 import re
 import statistics
+import sys
 from collections import defaultdict
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from naive_warm.pv_kernels import kernel_names
 
 from simflash.model.calibration import REPORTS
 
@@ -18,38 +23,33 @@ SWEEPS = Path(__file__).resolve().parents[1]
 NAME = re.compile(r"nvjet_sm90_\w+?_(\d+x\d+)_.*(_T[NT][NT])$")
 
 
-def kernel_of(sweep: str) -> dict[tuple, str]:
-    """{(n, heads, d): the tile and family of the cuBLAS kernel that ran the configuration's Q K GEMM, cold}."""
-    kernels = {}
-    for entry in json.loads((SWEEPS / f"{sweep}_cold.json").read_text())["configs"]:
-        c = entry["config"]
-        if c["algorithm"] == "naive":
-            (gemm,) = (k for k in entry["kernels"] if k["kernel"] == "gemm_qk")
-            match = NAME.match(gemm["ncu_kernels"][0])
-            kernels[c["n"], c["heads"], c["d"]] = " ".join(match.groups()) if match else gemm["ncu_kernels"][0]
-    return kernels
+def tile_and_family(name: str) -> str:
+    """An nvjet kernel's tile and family (`256x128 _TNT`); another kernel's whole name."""
+    match = NAME.match(name)
+    return " ".join(match.groups()) if match else name
 
 
 def main() -> None:
+    sweeps = [sweep for sweep in REPORTS if sweep != "splitkv"]
+    ran = kernel_names("cold", "gemm_qk", sweeps)
     errors: dict[str, list[tuple[float, str]]] = defaultdict(list)
-    for sweep, name in REPORTS.items():
-        if sweep == "splitkv":
-            continue
-        kernels = kernel_of(sweep)
-        for row in json.loads((SWEEPS / name).read_text())["rows"]:
+    for sweep in sweeps:
+        for row in json.loads((SWEEPS / REPORTS[sweep]).read_text())["rows"]:
             if row["kernel"] == "gemm_qk" and row["cache"] == "cold":
                 c = row["config"]
                 error = 100 * (row["predicted"]["time_s"] / row["measured"]["time_s"] - 1)
-                errors[kernels[c["n"], c["heads"], c["d"]]].append((error, f"{sweep} N={c['n']} heads={c['heads']} d={c['d']}"))
+                kernel = tile_and_family(ran[sweep, c["heads"], c["n"], c["d"], c["causal"]][0])
+                errors[kernel].append((error, f"{sweep} N={c['n']} heads={c['heads']} d={c['d']}"))
+    medians = {kernel: statistics.median(e for e, _ in rows) for kernel, rows in errors.items()}
     print("Q K GEMM, cold, every naive row: predicted time against measured, by the cuBLAS kernel that ran")
     print("kernel (tile, family)  | rows | median error | within 15%")
-    by_median = sorted(errors.items(), key=lambda item: statistics.median(e for e, _ in item[1]))
-    for kernel, rows in by_median:
-        median = statistics.median(e for e, _ in rows)
-        print(f"{kernel:22s} | {len(rows):4d} | {median:+11.1f}% | {sum(abs(e) <= 15 for e, _ in rows):4d}")
-    for kernel, rows in by_median:
-        if abs(statistics.median(e for e, _ in rows)) > 15:
-            print(f"{kernel}: " + "; ".join(f"{where} {e:+.0f}%" for e, where in sorted(rows)))
+    by_median = sorted(errors, key=medians.get)
+    for kernel in by_median:
+        rows = errors[kernel]
+        print(f"{kernel:22s} | {len(rows):4d} | {medians[kernel]:+11.1f}% | {sum(abs(e) <= 15 for e, _ in rows):4d}")
+    for kernel in by_median:
+        if abs(medians[kernel]) > 15:
+            print(f"{kernel}: " + "; ".join(f"{where} {e:+.0f}%" for e, where in sorted(errors[kernel])))
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from naive_warm.pv_kernels import kernel_names
 from unseen_counts import report
 
 from simflash.config import MiB
-from simflash.model.calibration import REGIME_REPORTS, REPORTS, within
+from simflash.model.calibration import REGIME_REPORTS, within
 
 SHARES = ((0.25, "25 to 50%"), (0.10, "10 to 25%"), (0.03, "3 to 10%"), (0.0, "under 3%"))
 TILE = re.compile(r"nvjet_sm90_hsh_(\d+x\d+)_.*_T N(\w)$".replace(" ", ""))
@@ -37,7 +37,7 @@ def main(rev: str | None) -> None:
     names = kernel_names("warm", "gemm_qk")
     groups: dict[str, list[tuple[float, float]]] = defaultdict(list)
     by_kernel: dict[tuple[str, str], list[tuple[float, float]]] = defaultdict(list)
-    for sweep, name in REPORTS.items():
+    for sweep, name in REGIME_REPORTS.items():
         for row in report(name, rev)["rows"]:
             c = row["config"]
             s_bytes = c["heads"] * c["n"] ** 2 * 2
