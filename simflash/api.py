@@ -14,7 +14,7 @@ import numpy as np
 from simflash.algorithms import FLASH_ALGORITHMS
 from simflash.algorithms.naive import KERNELS as NAIVE_KERNELS
 from simflash.algorithms.naive import NAIVE_CTAS, concurrent_heads, naive_grid
-from simflash.chip import KERNEL_PROFILES, gemm_pv_wave_rows, l2_cache, resident_ctas
+from simflash.chip import KERNEL_PROFILES, gemm_pv_wave_rows, l2_cache, resident_ctas, softmax_resident_rows
 from simflash.config import (
     DEFAULT_GPU,
     STATE_DTYPE,
@@ -502,10 +502,11 @@ def naive_forward(q, k, v, causal, causal_variant, scale, dtype, *, record_event
         hbm.allocate(name, (heads, n_q, n_kv), Q.dtype, poison=False)
     hbm.allocate("O", Q.shape, Q.dtype)
     wave_rows = gemm_pv_wave_rows(gpu_spec(gpu))
+    softmax_rows = softmax_resident_rows(gpu_spec(gpu), n_kv, Q.dtype.itemsize)
+    layouts = {"gemm_pv": {"wave_rows": wave_rows}, "softmax": {"resident_rows": softmax_rows}}
 
     def naive_body(kernel: str, cta: CTA) -> Iterator:
-        waves = {"wave_rows": wave_rows} if kernel == "gemm_pv" else {}
-        return _attributed(machine, cta.index, NAIVE_CTAS[kernel](machine, sched, scale, cta, **waves))
+        return _attributed(machine, cta.index, NAIVE_CTAS[kernel](machine, sched, scale, cta, **layouts.get(kernel, {})))
 
     overflow = 0
     for kernel in NAIVE_KERNELS:
@@ -515,7 +516,7 @@ def naive_forward(q, k, v, causal, causal_variant, scale, dtype, *, record_event
         # row's softmax is NaN: counted below in run.overflow, not left to NumPy's RuntimeWarning.
         with hbm.kernel(kernel), np.errstate(over="ignore", invalid="ignore"):
             slots = concurrent_heads(kernel, sched, wave_rows)
-            ctas = naive_grid(kernel, sched, heads, Q.dtype.itemsize, wave_rows)
+            ctas = naive_grid(kernel, sched, heads, Q.dtype.itemsize, wave_rows, softmax_rows)
             for _ in run_bodies({cta: functools.partial(naive_body, kernel, cta) for cta in ctas}, slots, hbm):
                 pass
         if kernel == NAIVE_KERNELS[0]:  # only the stored entries: masked ones are never written

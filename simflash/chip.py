@@ -73,6 +73,23 @@ def gemm_pv_wave_rows(gpu: GPUSpec) -> int:
     return gpu.sm_count * GEMM_TILE_ROWS
 
 
+# backends/naive_softmax.cu: a CTA of 256 threads a row of S, the row in shared memory beside 96 bytes of reduction
+# scratch, 32 registers a thread as the H200's compiler gave them (benchmarks/gpu/naive_warm/softmax_lead.json).
+SOFTMAX_THREADS, SOFTMAX_REGISTERS, SOFTMAX_STATIC_SHARED_BYTES = 256, 32, 96
+
+
+def softmax_resident_rows(gpu: GPUSpec, n_kv: int, itemsize: int) -> int:
+    """Rows of S the naive softmax holds at once on the whole chip: one CTA a row, as many an SM as the occupancy
+    rules allow (8 on the H200, by its threads, up to rows of 14,000 16-bit scores)."""
+    shared = n_kv * itemsize + SOFTMAX_STATIC_SHARED_BYTES
+    if shared > gpu.max_shared_bytes_per_cta:
+        raise ValueError(f"n_kv={n_kv}: the naive softmax holds a row of S in shared memory, {shared} bytes, over the "
+                         f"{gpu.name}'s {gpu.max_shared_bytes_per_cta} a CTA: expected n_kv of at most "
+                         f"{(gpu.max_shared_bytes_per_cta - SOFTMAX_STATIC_SHARED_BYTES) // itemsize}")
+    occ = occupancy(gpu, SOFTMAX_THREADS, SOFTMAX_REGISTERS, shared)
+    return occ.cta_slots_per_sm * gpu.sm_count
+
+
 def kernel_figures(gpu: GPUSpec, figure: str) -> dict[str, float]:
     """An L2 figure the machine file gives kernels of their own (`l2_<kernel>_<figure>`), by kernel."""
     return {kernel: gpu.calibration[f"l2_{kernel}_{figure}"] for kernel in (*KERNELS, flash2.KERNEL)

@@ -93,7 +93,8 @@ class L2Cache:
 
     A block filled by a read miss holds `read_fill_weight` of its size until it is read again (a
     stream read once leaves less behind than data that is written or reused). In the kernels
-    `kernel_read_weights` names, every read holds that kernel's weight, filled or read again.
+    `kernel_read_weights` names, every read of a clean block holds that kernel's weight, filled or read
+    again (a dirty block read holds its size, as anywhere).
 
     In the kernels `kernel_clean_age_factors` names, a clean block ages that many times slower than a
     dirty one: the victim is the least recently used dirty block unless the least recently used clean one
@@ -138,6 +139,8 @@ class L2Cache:
             fill = own_weight if own_weight is not None else self.cohort_weight if shared else self.read_fill_weight
             self._insert(key, nbytes, dirty=False, cost=nbytes * fill)
             return
+        if block[1]:  # a dirty block read holds its size whatever the kernel: what the previous kernel wrote
+            own_weight = None
         held = nbytes * (own_weight if own_weight is not None else self.cohort_weight if shared else 1.0)
         if held != block[2]:
             self._resident_cost += held - block[2]

@@ -96,7 +96,8 @@ def test_a_kernel_with_its_own_read_weight_reads_without_displacing_what_it_writ
     around them dirty at the end in a 100-byte cache; in another kernel, at a quarter, the 80 bytes of fills
     push 20 of S out, and K read again (all of its size) 40 more."""
     caches = sf.model.physical.l2_cache(sf.GPUS["H200"]).caches
-    assert (caches[0].kernel_read_weights, caches[0].kernel_clean_age_factors) == ({"gemm_qk": 0.0}, {"gemm_qk": 1.4})
+    assert (caches[0].kernel_read_weights, caches[0].kernel_clean_age_factors) == (
+        {"gemm_qk": 0.0, "softmax": 0.4}, {"gemm_qk": 1.4})
     for kernel, written_back in (("gemm_qk", 0), ("gemm_pv", 60)):
         l2 = L2Cache(capacity_bytes=100, read_fill_weight=0.25, kernel_read_weights={"gemm_qk": 0.0})
         l2.kernel = kernel
@@ -111,6 +112,18 @@ def test_a_kernel_with_its_own_read_weight_reads_without_displacing_what_it_writ
         assert (flow.dram_write_bytes, flow.dirty_at_end_bytes) == (written_back, 100 - written_back)
         k = l2.traffic().ledger[kernel, "K"]
         assert (k.read_bytes, k.hit_bytes, k.again_bytes) == (40, 40, 40)  # the ledger's K is the first read
+    # A dirty block read there holds its size: the 40 bytes of S the softmax (fills at 0.4) finds dirty keep their
+    # room, so four 50-byte fills after them (80 bytes of room) write S back; at 0.4, S would have stayed (96).
+    l2 = L2Cache(capacity_bytes=100, read_fill_weight=1.0, kernel_read_weights={"softmax": 0.4})
+    l2.kernel = "gemm_qk"
+    l2.write(("S", 0, 0), 40)
+    l2.end_kernel()
+    l2.kernel = "softmax"
+    l2.read(("S", 0, 0), 40)
+    for row in range(4):
+        l2.read(("X", 0, row), 50)
+    l2.end_kernel()
+    assert l2.traffic().ledger["softmax", "S"].dram_write_bytes == 40
 
 
 def test_a_block_written_in_a_kernel_with_its_own_write_weight_holds_that_share_of_its_size():
@@ -301,10 +314,13 @@ def test_schedules_agree_on_output_and_ledger(shape, causal, variant, algorithm,
        seed=st.integers(0, 2**32 - 1))
 # a cohort's reads held at the cohort weight change what this small L2 evicts
 @example(shape=(3, 384, 384, 32), causal=False, variant="upper_left", cache="cold", capacity=98304, seed=1)
+# the softmax's writes of P trail its reads of S by three blocks of 64 rows: all of a head's reads, then its writes
+@example(shape=(2, 150, 2048, 16), causal=False, variant="upper_left", cache="warm", capacity=65536, seed=2)
 def test_traffic_only_run_sees_what_a_run_with_values_sees(shape, causal, variant, cache, capacity, seed):
     """Same logical bytes (also the closed form), same hits, DRAM bytes and dirty blocks, byte for byte.
 
-    (Exact as long as the cache holds one step's blocks, as any real L2 holds a few tiles.)"""
+    (Exact as long as the cache holds one step's blocks, as any real L2 holds a few tiles.) The naive path's
+    chip has 32 SMs, so its softmax holds 256 rows at once and writes each head's P a block (or more) late."""
     import attrs
 
     heads, n_q, n_kv, d = shape
@@ -312,18 +328,19 @@ def test_traffic_only_run_sees_what_a_run_with_values_sees(shape, causal, varian
                                                                     "l2_read_fill_weight": 0.5,
                                                                     "l2_cohort_weight": 0.75,
                                                                     "l2_flush_residue_bytes": 4096})
-    sf.config.GPUS["_test"] = gpu
+    naive_gpu = attrs.evolve(gpu, sm_count=32)
+    sf.config.GPUS["_test"], sf.config.GPUS["_test_naive"] = gpu, naive_gpu
     try:
         q, k, v = _inputs(seed, heads, n_q, n_kv, d)
         run = sf.flash_attention(q, k, v, block_q=64, block_kv=64, causal=causal, causal_variant=variant,
                                  trace="none", schedule="concurrent", cache=cache, gpu="_test")
         predicted = predict("fa2", n_q, d, n_kv=n_kv, heads=heads, causal=causal, causal_variant=variant,
                             block_q=64, block_kv=64, gpu=gpu, cache=cache)
-        naive = sf.naive_attention(q, k, v, causal=causal, causal_variant=variant, cache=cache, gpu="_test")
+        naive = sf.naive_attention(q, k, v, causal=causal, causal_variant=variant, cache=cache, gpu="_test_naive")
         naive_predicted = predict("naive", n_q, d, n_kv=n_kv, heads=heads, causal=causal, causal_variant=variant,
-                                  gpu=gpu, cache=cache)
+                                  gpu=naive_gpu, cache=cache)
     finally:
-        del sf.config.GPUS["_test"]
+        del sf.config.GPUS["_test"], sf.config.GPUS["_test_naive"]
     for values, traffic_only in ((run, predicted), (naive, naive_predicted)):
         for kernel, flow in values.physical.by_kernel.items():
             p = traffic_only.kernel(kernel)
@@ -643,6 +660,33 @@ def test_the_softmax_writes_p_in_the_pieces_the_pv_gemm_reads_and_the_mask_leave
     read = [a for t in range(pv.n_steps) for a in program.stream(t) if not a.write and a.key[0] == "P"]
     assert sorted((a.key, a.nbytes) for a in read) == sorted((a.key, a.nbytes) for a in written)
     assert sum(a.nbytes for a in read) == 1024 * 1025 // 2 * 2
+
+
+def test_the_softmax_writes_trail_its_reads_by_the_rows_resident_at_once():
+    """Each CTA of the naive softmax reads its row of S whole, then writes its row of P, so P goes out the rows
+    resident at once after S comes in: 1,056 on the H200 (8 CTAs of 256 threads an SM), fewer once a row's
+    shared memory limits them, and a row that fits no CTA is refused. At N = 2048 in fp16 (blocks of 64 rows),
+    16 blocks later: the head's first 16 steps only read, its last 16 only write."""
+    from simflash.algorithms.naive import naive_grid, naive_program
+    from simflash.chip import softmax_resident_rows
+    from simflash.schedule import TileSchedule
+
+    h200 = sf.GPUS["H200"]
+    assert [softmax_resident_rows(h200, n, 2) for n in (256, 8192, 14000, 16384, 65536)] == [1056] * 3 + [792, 132]
+    with pytest.raises(ValueError, match="n_kv=131072: the naive softmax holds a row of S in shared memory"):
+        softmax_resident_rows(h200, 131072, 2)
+    sched = TileSchedule(2048, 2048, 2048, 2048)
+    (cta,) = naive_grid("softmax", sched, 1, 2, 0, softmax_rows=1056)
+    program = naive_program("softmax", sched, cta, 128, 2, 0, softmax_rows=1056)
+    assert cta.n_steps == 32 + 16
+    steps = [program.stream(t) for t in range(cta.n_steps)]
+    read = [{a.key[2] for a in step if not a.write} for step in steps]
+    written = [{a.key[2] for a in step if a.write} for step in steps]
+    assert read == [{64 * t} for t in range(32)] + [set()] * 16
+    assert written == [set()] * 16 + [{64 * t} for t in range(32)]
+    (at_once,) = naive_grid("softmax", sched, 1, 2, 0)
+    assert at_once.n_steps == 32 and all(a.key[2] == 0 for a in naive_program("softmax", sched, at_once, 128, 2, 0
+                                                                               ).stream(0))
 
 
 def test_pytorch_s_small_grids_are_split_kv_as_ncu_measured():

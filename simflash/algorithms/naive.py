@@ -27,6 +27,12 @@ time, one step per chunk of PV_CHUNK_COLUMNS columns, and writes the wave's O at
 runs as many heads side by side as a wave holds. The softmax writes P in the (row block, column chunk)
 pieces the GEMM reads.
 
+The softmax kernel (backends/naive_softmax.cu) is one CTA a row that reads its row of S whole before it
+writes the row of P, so P goes out the rows resident at once after S comes in (1,056 on the H200). Its CTA
+here writes a block's P that many rows (`softmax_lead` blocks) after it reads the block's S, the head's
+last blocks' P at the end: at the kernel's end the L2's newest data is P alone
+(benchmarks/gpu/naive_warm/softmax_lead.txt).
+
 Causal or windowed: kernels store and load only the permitted entries of S and P (the lower triangle,
 the band); the others are never stored, and the softmax treats them as -inf. Grouped-query heads: each
 query head's GEMMs read its group's K and V.
@@ -34,6 +40,7 @@ query head's GEMMs read its group's K and V.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
@@ -66,15 +73,27 @@ def block_rows(n_kv: int, itemsize: int) -> int:
     return min(GEMM_TILE_ROWS, 1 << (rows.bit_length() - 1))
 
 
-def naive_grid(kernel: str, sched: TileSchedule, heads: int, itemsize: int, wave_rows: int) -> list[CTA]:
-    """One CTA per head; one step per block of rows, or (the P V GEMM) per column chunk of each wave."""
+def naive_grid(kernel: str, sched: TileSchedule, heads: int, itemsize: int, wave_rows: int,
+               softmax_rows: int = 0) -> list[CTA]:
+    """One CTA per head; one step per block of rows (the softmax: and per block its writes trail by), or (the P V
+    GEMM) per column chunk of each wave."""
     if kernel == "gemm_pv":
         steps = -(-sched.n_q // wave_rows) * len(_column_chunks(sched))
     elif kernel == "gemm_qk":
         steps = len(_qk_steps(sched))
     else:
-        steps = -(-sched.n_q // block_rows(sched.n_kv, itemsize))
+        steps = len(_row_blocks(sched, itemsize)) + softmax_lead(sched, itemsize, softmax_rows)
     return [CTA((h,), steps, (h,)) for h in range(heads)]
+
+
+def softmax_lead(sched: TileSchedule, itemsize: int, resident_rows: int) -> int:
+    """Row blocks by which the softmax's writes of P trail its reads of S. Each CTA of the kernel reads its row of S
+    whole, then writes the row of P, so the writes trail the reads by the rows resident at once (`resident_rows`,
+    simflash.chip.softmax_resident_rows; 0: a block's P goes out as its S comes in), in whole blocks, at most a
+    head's (a head's CTA writes its own P): at the kernel's end the L2's newest data is that much P and no S
+    (benchmarks/gpu/naive_warm/softmax_lead.txt)."""
+    rows = block_rows(sched.n_kv, itemsize)
+    return min(-(-sched.n_q // rows), resident_rows // rows)
 
 
 def _row_blocks(sched: TileSchedule, itemsize: int, within: slice | None = None) -> list[slice]:
@@ -151,31 +170,47 @@ def gemm_qk_cta(gpu: SimulatedGPU, sched: TileSchedule, scale: float, cta: CTA) 
         yield None
 
 
-def softmax_cta(gpu: SimulatedGPU, sched: TileSchedule, scale: float, cta: CTA) -> Iterator[None]:
-    hbm, compute = gpu.hbm, gpu.compute
+def softmax_cta(gpu: SimulatedGPU, sched: TileSchedule, scale: float, cta: CTA, resident_rows: int = 0
+                ) -> Iterator[None]:
+    hbm = gpu.hbm
     (h,) = cta.index
     permitted = sched.mask(0, 0) if sched.masks else None
     groups = _column_chunks(sched, QK_GROUP_KEYS)
-    for rows in _row_blocks(sched, hbm.itemsize("S")):
-        stored = None if permitted is None else permitted[rows]
-        S_r = np.full((rows.stop - rows.start, sched.n_kv), -np.inf, dtype=STATE_DTYPE)  # (rows, n_kv)
-        for part in _score_rows(sched, hbm.itemsize("S"), rows):  # S in the pieces the Q K GEMM wrote
-            for keys in groups:
-                shown = None if permitted is None else permitted[part, keys]
-                if shown is None or shown.any():
-                    S_r[part.start - rows.start:part.stop - rows.start, keys] = hbm.read_where(
-                        "S", shown, fill=-np.inf, index=(h, part, keys))
-        m = S_r.max(axis=-1, keepdims=True)  # (rows, 1)
-        # A row with no visible key has m = -inf: exponentiate against 0 so exp(-inf) = 0, not NaN.
-        P_r = np.exp(S_r - np.where(m == -np.inf, 0.0, m))  # (rows, n_kv)
-        l = P_r.sum(axis=-1, keepdims=True)  # (rows, 1)
-        P_r /= np.where(l > 0, l, 1.0)  # such a row is all zeros: divide by 1 to keep it so
-        compute.elementwise(exp=P_r.size, fp32=3 * P_r.size, div=P_r.size)  # max, subtract, sum; exp; divide
-        for cols in _column_chunks(sched):  # the pieces the P V GEMM reads
-            piece = None if stored is None else stored[:, cols]
-            if piece is None or piece.any():
-                hbm.write_where("P", P_r[:, cols], piece, index=(h, rows, cols))
+    blocks = _row_blocks(sched, hbm.itemsize("S"))
+    lead = softmax_lead(sched, hbm.itemsize("S"), resident_rows)
+    computed: deque[np.ndarray] = deque()  # P of the blocks read, not yet written
+    for t in range(len(blocks) + lead):
+        if t < len(blocks):
+            computed.append(_softmax_block(gpu, sched, h, blocks[t], permitted, groups))
+        if t >= lead:
+            rows = blocks[t - lead]
+            P_r = computed.popleft()
+            stored = None if permitted is None else permitted[rows]
+            for cols in _column_chunks(sched):  # the pieces the P V GEMM reads
+                piece = None if stored is None else stored[:, cols]
+                if piece is None or piece.any():
+                    hbm.write_where("P", P_r[:, cols], piece, index=(h, rows, cols))
         yield None
+
+
+def _softmax_block(gpu: SimulatedGPU, sched: TileSchedule, h: int, rows: slice, permitted: np.ndarray | None,
+                   groups: list[slice]) -> np.ndarray:
+    """P of a block of rows, from S read in the pieces the Q K GEMM wrote: (rows, n_kv)."""
+    hbm, compute = gpu.hbm, gpu.compute
+    S_r = np.full((rows.stop - rows.start, sched.n_kv), -np.inf, dtype=STATE_DTYPE)  # (rows, n_kv)
+    for part in _score_rows(sched, hbm.itemsize("S"), rows):
+        for keys in groups:
+            shown = None if permitted is None else permitted[part, keys]
+            if shown is None or shown.any():
+                S_r[part.start - rows.start:part.stop - rows.start, keys] = hbm.read_where(
+                    "S", shown, fill=-np.inf, index=(h, part, keys))
+    m = S_r.max(axis=-1, keepdims=True)  # (rows, 1)
+    # A row with no visible key has m = -inf: exponentiate against 0 so exp(-inf) = 0, not NaN.
+    P_r = np.exp(S_r - np.where(m == -np.inf, 0.0, m))  # (rows, n_kv)
+    l = P_r.sum(axis=-1, keepdims=True)  # (rows, 1)
+    P_r /= np.where(l > 0, l, 1.0)  # such a row is all zeros: divide by 1 to keep it so
+    compute.elementwise(exp=P_r.size, fp32=3 * P_r.size, div=P_r.size)  # max, subtract, sum; exp; divide
+    return P_r
 
 
 def gemm_pv_cta(gpu: SimulatedGPU, sched: TileSchedule, scale: float, cta: CTA, wave_rows: int) -> Iterator[None]:
@@ -227,7 +262,7 @@ NAIVE_CTAS: dict[str, Callable[..., Iterator[None]]] = {"gemm_qk": gemm_qk_cta, 
 
 
 def naive_program(kernel: str, sched: TileSchedule, cta: CTA, d: int, itemsize: int, wave_rows: int,
-                  group: int = 1) -> CTAProgram:
+                  group: int = 1, softmax_rows: int = 0) -> CTAProgram:
     """The transfers of kernel `kernel`'s CTA without values (same blocks, same order)."""
     (h,) = cta.index
     h_kv = kv_head(h, group)
@@ -258,9 +293,16 @@ def naive_program(kernel: str, sched: TileSchedule, cta: CTA, d: int, itemsize: 
                 *score_pieces(unit.queries, (unit.group,), write=True))))
     pieces = _piece_bytes(sched, blocks, chunks, itemsize)  # (row block, chunk): bytes stored
     if kernel == "softmax":
-        return CTAProgram(cta, lambda t: (*score_pieces(blocks[t], range(len(groups))),
-                                          *(Access(block_key("P", h, blocks[t], cols), int(pieces[t, k]), True)
-                                            for k, cols in enumerate(chunks) if pieces[t, k])))
+        lead = softmax_lead(sched, itemsize, softmax_rows)
+
+        def softmax_step(t: int) -> tuple[Access, ...]:
+            reads = score_pieces(blocks[t], range(len(groups))) if t < len(blocks) else ()
+            b = t - lead  # the block whose P goes out
+            writes = (Access(block_key("P", h, blocks[b], cols), int(pieces[b, k]), True)
+                      for k, cols in enumerate(chunks) if pieces[b, k]) if b >= 0 else ()
+            return (*reads, *writes)
+
+        return CTAProgram(cta, softmax_step)
     # each wave's row blocks, with their index into `blocks` (a wave holds whole blocks)
     waves = [[(b, rows) for b, rows in enumerate(blocks) if wave.start <= rows.start < wave.stop]
              for wave in _waves(sched, wave_rows)]

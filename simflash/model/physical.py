@@ -32,7 +32,8 @@ import numpy as np
 from simflash.algorithms import FLASH_ALGORITHMS
 from simflash.algorithms.naive import KERNELS as NAIVE_KERNELS
 from simflash.algorithms.naive import QK_GROUP_KEYS, concurrent_heads, naive_grid, naive_program, stored_per_row
-from simflash.chip import KernelProfile, gemm_pv_wave_rows, kernel_profile, l2_cache, resident_ctas
+from simflash.chip import (KernelProfile, gemm_pv_wave_rows, kernel_profile, l2_cache, resident_ctas,
+                           softmax_resident_rows)
 from simflash.config import GPUSpec, check_causal_variant, check_positive_int, gpu_spec, storage_dtype
 from simflash.grid import run_programs
 from simflash.l2 import L2, L2Flow
@@ -197,11 +198,12 @@ def _spill_notes(spec: GPUSpec, profile: KernelProfile, d: int, causal: bool, ow
 
 
 def _play_naive_kernel(kernel: str, sched: TileSchedule, heads: int, d: int, itemsize: int, wave_rows: int,
-                       l2: L2) -> tuple[list[int], int, int]:
+                       softmax_rows: int, l2: L2) -> tuple[list[int], int, int]:
     """One naive kernel's CTAs played through the L2: their steps, the slots they run in, the makespan in steps."""
-    ctas = naive_grid(kernel, sched, heads, itemsize, wave_rows)
+    ctas = naive_grid(kernel, sched, heads, itemsize, wave_rows, softmax_rows)
     slots = concurrent_heads(kernel, sched, wave_rows)
-    resident = run_programs((naive_program(kernel, sched, cta, d, itemsize, wave_rows) for cta in ctas), slots, l2)
+    resident = run_programs((naive_program(kernel, sched, cta, d, itemsize, wave_rows, softmax_rows=softmax_rows)
+                             for cta in ctas), slots, l2)
     return [cta.n_steps for cta in ctas], slots, len(resident)
 
 
@@ -210,12 +212,13 @@ def _naive(spec, l2: L2, n, n_kv, d, heads, causal, causal_variant, itemsize, ca
     sched = TileSchedule(n, n_kv, n, n_kv, causal=causal, causal_variant=causal_variant)
     stored = int(stored_per_row(sched).sum()) * heads
     wave_rows = gemm_pv_wave_rows(spec)
+    softmax_rows = softmax_resident_rows(spec, n_kv, itemsize)
     predictions = []
     for kernel in NAIVE_KERNELS:
         if cache == "cold" or kernel == NAIVE_KERNELS[0]:
             l2.flush(residue=cache == "cold")
         l2.kernel = kernel
-        n_steps, slots, makespan = play(kernel, sched, heads, d, itemsize, wave_rows, l2)
+        n_steps, slots, makespan = play(kernel, sched, heads, d, itemsize, wave_rows, softmax_rows, l2)
         l2.end_kernel()
         flow = l2.traffic().by_kernel[kernel]
         terms = naive_seconds(spec, kernel, flow, gemm_flops=2 * stored * d, rows=heads * n, exps=stored)

@@ -43,9 +43,10 @@ def programs(kernel: str, sched: TileSchedule, heads: int, d: int, itemsize: int
             for h in range(heads) for i, t in enumerate(tiles)]
 
 
-def play(kernel: str, sched: TileSchedule, heads: int, d: int, itemsize: int, wave_rows: int, l2):
+def play(kernel: str, sched: TileSchedule, heads: int, d: int, itemsize: int, wave_rows: int, softmax_rows: int, l2):
     """One kernel laid out as above, played through the L2 (what simflash.model.physical._naive takes as `play`):
-    the P V GEMM's CTAs one an SM (a wave's rows over GEMM_TILE_ROWS), the other kernels' one a head at a time."""
+    the P V GEMM's CTAs one an SM (a wave's rows over GEMM_TILE_ROWS), the other kernels' one a head at a time. Its
+    softmax writes a block's P as it reads its S, as the model's did when this was tried (not `softmax_rows` later)."""
     slots = wave_rows // GEMM_TILE_ROWS if kernel == "gemm_pv" else 1
     kernel_programs = programs(kernel, sched, heads, d, itemsize)
     return [p.cta.n_steps for p in kernel_programs], slots, len(run_programs(kernel_programs, slots, l2))

@@ -266,6 +266,7 @@ class L2Variant(L2Cache):
 
 
 MODEL_PV_SHARED_V_TILES = naive_algorithm.PV_SHARED_V_TILES
+MODEL_SOFTMAX_RESIDENT_ROWS = physical.softmax_resident_rows
 MISSED = [0]  # bytes filled by read misses so far, in any L2Variant (what the paced schedule tells a step by)
 _model_run_programs = physical.run_programs
 
@@ -576,6 +577,9 @@ VARIANTS = {
     **{f"pv-shared-v-{k}": dict(pv_shared_v_tiles=k) for k in (1, 2, 4, 8, 16)},
     # the softmax's victims drawn at random among a set's W least recently used blocks
     **{f"softmax-random-{w}": dict(kernel_victim_windows={"softmax": w}) for w in (8, 64)},
+    # the softmax writing each block's P as it reads its S (no lead), its read fills at the machine file's weight or these
+    "softmax-at-once": dict(softmax_at_once=True),
+    **{f"softmax-at-once-{w}": dict(softmax_at_once=True, kernel_read_weights={"softmax": w}) for w in (0.25, 0.35)},
     # the softmax's writes (P) holding that share of their size
     **{f"softmax-writes-{w}": dict(kernel_write_weights={"softmax": w}) for w in (0.75, 0.9)},
     # the FA-2 kernels' writes (O) holding that share of their size (1.1: the model)
@@ -594,7 +598,7 @@ def l2_of(variant: dict):
                    "residue_ramp_bytes": cal["l2_residue_ramp_bytes"], "cohort_weight": cal["l2_cohort_weight"],
                    **{k: v for k, v in variant.items()
                       if k not in ("capacities", "pv_tiles", "pace", "pv_shared_v_tiles", "sets", "stripe_kib",
-                                   "levels_mib", "single_climbs", "dueling", "rrip")}}
+                                   "levels_mib", "single_climbs", "dueling", "rrip", "softmax_at_once")}}
         options["dirty_limit"] = options.get("dirty_limit", float("inf")) * MiB
         options["kernel_read_weights"] = {**kernel_figures(gpu, "read_weight"), **variant.get("kernel_read_weights", {})}
         options["kernel_write_weights"] = {**kernel_figures(gpu, "write_weight"), **variant.get("kernel_write_weights", {})}
@@ -714,6 +718,8 @@ def main(names: list[str], sweeps: bool, sdpa: bool, show_rows: bool, heads: boo
         physical._naive = pv_tiles.naive if variant.get("pv_tiles") else model_naive
         physical.run_programs = paced_run_programs(variant["pace"]) if "pace" in variant else _model_run_programs
         naive_algorithm.PV_SHARED_V_TILES = variant.get("pv_shared_v_tiles", MODEL_PV_SHARED_V_TILES)
+        physical.softmax_resident_rows = (lambda gpu, n_kv, itemsize: 0) if variant.get("softmax_at_once") else \
+            MODEL_SOFTMAX_RESIDENT_ROWS
         if naive or flash:
             implementations = ("naive",) if naive else ("fa2",) if fa2_only else ("fa2", "sdpa_flash")
             with Pool(2) as pool:
