@@ -567,6 +567,14 @@ def test_naive_predictions_say_where_cublas_does_what_the_model_does_not():
     assert predict("naive", 4096, 128, heads=1, cache="warm", dtype="float32").notes == (qk, pv)
 
 
+def test_naive_predictions_run_on_every_machine_file():
+    """Machine files without fitted L2 figures predict with the nameplate L2 (an LRU of its size), notes and all:
+    at N = 4096 one head's 32 MiB of S outgrow the H200's 28.5 MiB effective capacity but not the A100's 40 MiB."""
+    notes = {gpu: predict("naive", 4096, 128, heads=1, gpu=gpu).notes for gpu in sf.GPUS}
+    assert set(notes) >= {"A100", "H100", "H200", "B200"}
+    assert any("_TNN" in note for note in notes["H200"]) and not any("_TNN" in note for note in notes["A100"])
+
+
 def test_the_q_k_gemm_walks_groups_of_keys_and_reads_q_again_once_a_group():
     """K of 4,096 keys is two groups: the GEMM's units are every query tile of group 0, then of group 1 backwards;
     the reads again (Q's tiles in group 1, K's tiles after a group's first unit) reach the L2, not the ledger, whose

@@ -166,7 +166,8 @@ def _naive_notes(spec: GPUSpec, n: int, n_kv: int, heads: int, causal: bool, cau
     what the sweeps measured (docs/physical.md, "Where it is wrong")."""
     notes = []
     sched = TileSchedule(n, n_kv, n, n_kv, causal=causal, causal_variant=causal_variant)
-    if itemsize == 2 and heads * int(stored_per_row(sched).sum()) * itemsize >= spec.calibration["l2_effective_bytes"]:
+    capacity = spec.calibration.get("l2_effective_bytes", spec.l2_bytes)  # the L2 model's (chip.l2_cache)
+    if itemsize == 2 and heads * int(stored_per_row(sched).sum()) * itemsize >= capacity:
         notes.append("gemm_qk's DRAM writes (the S the L2 cannot keep) depend on which of two families of kernels "
                      "cuBLAS picks, which the model does not know: its kernels whose names end in _TNT leave a median "
                      "28.0 MiB of S dirty at their end, as the model does (28.5), those ending in _TNN 26.1, so about "
