@@ -158,9 +158,16 @@ def later_configs() -> list[dict]:
                    (108544, 1)))
 
 
+def lead_configs() -> list[dict]:
+    """An eleventh sweep, on configurations none of the others holds, defined and measured after the naive
+    softmax's writes came to trail its reads (with the first ten in view)."""
+    return _sweep((608, 1216, 2432, 4864, 7680), (10, 24, 45, 90, 200, 400), ((1216, 18), (2432, 6), (4864, 2)),
+                  ((9728, 30), (19456, 12), (38912, 6), (87040, 2)))
+
+
 SWEEPS = {"calibration": sweep_configs, "validation": validation_configs, "unseen": unseen_configs,
           "blind": blind_configs, "confirm": confirm_configs, "fresh": fresh_configs, "recheck": recheck_configs,
-          "verify": verify_configs, "splitkv": splitkv_configs, "later": later_configs}
+          "verify": verify_configs, "splitkv": splitkv_configs, "later": later_configs, "lead": lead_configs}
 
 
 def split_groups(kernels: list[dict], configs: list[dict]) -> list[list[dict]]:

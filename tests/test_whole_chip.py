@@ -402,7 +402,7 @@ def test_predict_refuses_bad_input():
 
 
 def test_validation_records_match_the_model_and_the_docs():
-    """The committed validation reports (the ten sweeps) are what the model predicts now, and the docs
+    """The committed validation reports (the eleven sweeps) are what the model predicts now, and the docs
     show their tables."""
     import json
     from pathlib import Path
@@ -415,7 +415,7 @@ def test_validation_records_match_the_model_and_the_docs():
     assert all(markdown(report) in docs for report in reports)
     assert [{row["subset"] for row in report["rows"]} for report in reports] == [
         {"fit", "held-out"}, {"validation"}, {"unseen"}, {"blind"}, {"confirm"}, {"fresh"}, {"recheck"}, {"verify"},
-        {"splitkv"}, {"later"}]
+        {"splitkv"}, {"later"}, {"lead"}]
     quick = [r for report in reports for r in report["rows"]
              if r["config"]["n"] * r["config"]["heads"] <= 8192 and not r["config"]["causal"]]
     assert len(quick) >= 20

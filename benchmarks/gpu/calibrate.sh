@@ -1,6 +1,6 @@
 #!/bin/bash
 # The whole-chip sweeps on the GPU machine (run from the repo root):
-#   [SWEEP=calibration|validation|unseen|blind|confirm|fresh|recheck|verify|splitkv|later] bash benchmarks/gpu/calibrate.sh [cold warm time]
+#   [SWEEP=calibration|validation|unseen|blind|confirm|fresh|recheck|verify|splitkv|later|lead] bash benchmarks/gpu/calibrate.sh [cold warm time]
 # Writes $SWEEP_{cold,warm}.json with ncu's raw CSV beside each, and $SWEEP_time.json, to $OUT (or
 # ./gpu-out). Each mode is bounded (280 s); run one or two modes per call to stay inside the machine's
 # 10-minute limit.

@@ -215,7 +215,7 @@ def calibrate(
     cache: Annotated[str, typer.Option(help="cold (ncu flushes before every kernel), warm (one read-only "
                                             "flush before each group), or time (CUDA events, no profiler).")] = "cold",
     sweep_name: Annotated[str, typer.Option("--sweep", help="calibration (the figures are fitted on a third of "
-                                                             "it), validation, unseen, blind, confirm, fresh, recheck, verify or later "
+                                                             "it), validation, unseen, blind, confirm, fresh, recheck, verify, later or lead "
                                                              "(configurations it does not hold), or splitkv (SDPA's small grids).")
                           ] = "calibration",
     limit: Annotated[int | None, typer.Option(help="Only the first LIMIT configurations (a smoke run).")] = None,

@@ -168,7 +168,7 @@ def validate(
     folder: Annotated[Path, typer.Argument(help="Folder of the sweep's {SWEEP}_{cold,warm,time}.json.")] = Path(
         "benchmarks/gpu"),
     sweep: Annotated[str, typer.Option(help="calibration (fit and held-out rows), validation, unseen, blind, "
-                                            "confirm, fresh, recheck, verify, splitkv or later.")] = "calibration",
+                                            "confirm, fresh, recheck, verify, splitkv, later or lead.")] = "calibration",
     gpu: Annotated[str, typer.Option(help=f"GPU machine file: {', '.join(GPUS)}.")] = DEFAULT_GPU,
     save: Annotated[Path | None, typer.Option(help="Also write every row and the summary as JSON here.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print every row and the summary as JSON instead of "

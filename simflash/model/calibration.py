@@ -13,7 +13,9 @@ with all five in view, and a sixth (`--sweep fresh`) measured after them; SDPA's
 busiest-SM compute term were chosen with all six in view, and a seventh (`--sweep recheck`) measured
 after them; an eighth (`--sweep verify`) was defined and measured after that; the L2's hashed sets, its
 handling of dirty reads and O's write weight were chosen with all eight in view, and a tenth (`--sweep
-later`) measured after them (the ninth, `--sweep splitkv`, holds PyTorch's split-KV grids). A kernel row
+later`) measured after them (the ninth, `--sweep splitkv`, holds PyTorch's split-KV grids); the naive
+softmax's lead and read weight were chosen with all ten in view, and an eleventh (`--sweep lead`) measured
+after them. A kernel row
 passes when
 the predicted DRAM bytes are within 10% (or 1 MiB, whichever is larger) of the measured ones.
 """
@@ -44,12 +46,12 @@ REPORTS = {"calibration": "physical_validation.json", "validation": "physical_va
            "confirm": "physical_validation_confirm.json", "fresh": "physical_validation_fresh.json",
            "recheck": "physical_validation_recheck.json", "verify": "physical_validation_verify.json",
            "splitkv": "physical_validation_splitkv.json",
-           "later": "physical_validation_later.json"}  # benchmarks/gpu/, by sweep
+           "later": "physical_validation_later.json", "lead": "physical_validation_lead.json"}  # benchmarks/gpu/
 SWEEPS = tuple(REPORTS)
 # The eight sweeps over the regimes where physical traffic departs from the logical (the calibration
 # sweep's held-out rows and the seven after it are the unseen part the model is judged on); the
-# ninth, splitkv, holds only SDPA's small grids; the tenth, later, the same regimes again, measured
-# after O's write weight was adopted and reported on its own.
+# ninth, splitkv, holds only SDPA's small grids; the tenth, later, and the eleventh, lead, the same regimes
+# again, measured after O's write weight and after the softmax's lead were adopted, each reported on its own.
 REGIME_SWEEPS = SWEEPS[:8]
 REGIME_REPORTS = {sweep: REPORTS[sweep] for sweep in REGIME_SWEEPS}
 
