@@ -39,6 +39,7 @@ import attrs
 import bands
 import pv_tiles
 import simflash.algorithms.naive as naive_algorithm
+import simflash.chip as chip
 import simflash.grid as grid
 import simflash.model.physical as physical
 from simflash.chip import kernel_figures
@@ -267,6 +268,7 @@ class L2Variant(L2Cache):
 
 MODEL_PV_SHARED_V_TILES = naive_algorithm.PV_SHARED_V_TILES
 MODEL_SOFTMAX_RESIDENT_ROWS = physical.softmax_resident_rows
+MODEL_GEMM_TILE_ROWS = naive_algorithm.GEMM_TILE_ROWS
 MISSED = [0]  # bytes filled by read misses so far, in any L2Variant (what the paced schedule tells a step by)
 _model_run_programs = physical.run_programs
 
@@ -577,6 +579,8 @@ VARIANTS = {
     **{f"pv-shared-v-{k}": dict(pv_shared_v_tiles=k) for k in (1, 2, 4, 8, 16)},
     # the softmax's victims drawn at random among a set's W least recently used blocks
     **{f"softmax-random-{w}": dict(kernel_victim_windows={"softmax": w}) for w in (8, 64)},
+    # the P V GEMM's CTAs each this many rows of O (the model: 256), so a grid of as many rows runs in more waves
+    **{f"pv-tile-rows-{r}": dict(pv_tile_rows=r) for r in (128, 160, 192)},
     # the softmax writing each block's P as it reads its S (no lead), its read fills at the machine file's weight or these
     "softmax-at-once": dict(softmax_at_once=True),
     **{f"softmax-at-once-{w}": dict(softmax_at_once=True, kernel_read_weights={"softmax": w}) for w in (0.25, 0.35)},
@@ -598,7 +602,8 @@ def l2_of(variant: dict):
                    "residue_ramp_bytes": cal["l2_residue_ramp_bytes"], "cohort_weight": cal["l2_cohort_weight"],
                    **{k: v for k, v in variant.items()
                       if k not in ("capacities", "pv_tiles", "pace", "pv_shared_v_tiles", "sets", "stripe_kib",
-                                   "levels_mib", "single_climbs", "dueling", "rrip", "softmax_at_once")}}
+                                   "levels_mib", "single_climbs", "dueling", "rrip", "softmax_at_once",
+                                   "pv_tile_rows")}}
         options["dirty_limit"] = options.get("dirty_limit", float("inf")) * MiB
         options["kernel_read_weights"] = {**kernel_figures(gpu, "read_weight"), **variant.get("kernel_read_weights", {})}
         options["kernel_write_weights"] = {**kernel_figures(gpu, "write_weight"), **variant.get("kernel_write_weights", {})}
@@ -720,6 +725,7 @@ def main(names: list[str], sweeps: bool, sdpa: bool, show_rows: bool, heads: boo
         naive_algorithm.PV_SHARED_V_TILES = variant.get("pv_shared_v_tiles", MODEL_PV_SHARED_V_TILES)
         physical.softmax_resident_rows = (lambda gpu, n_kv, itemsize: 0) if variant.get("softmax_at_once") else \
             MODEL_SOFTMAX_RESIDENT_ROWS
+        naive_algorithm.GEMM_TILE_ROWS = chip.GEMM_TILE_ROWS = variant.get("pv_tile_rows", MODEL_GEMM_TILE_ROWS)
         if naive or flash:
             implementations = ("naive",) if naive else ("fa2",) if fa2_only else ("fa2", "sdpa_flash")
             with Pool(2) as pool:
