@@ -11,8 +11,6 @@ it (rounds of sm_count tiles): what a GEMM whose earlier rounds' O all went out 
     python benchmarks/gpu/naive_warm/pv_rounds.py > benchmarks/gpu/naive_warm/pv_rounds.txt
 """
 
-import json
-import re
 import statistics
 import sys
 from collections import defaultdict
@@ -20,32 +18,31 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pv_kernels import SWEEPS, kernel_names
+from pv_kernels import TILE, kernel_names
+from unseen_counts import report
 
 from simflash.config import MiB, gpu_spec
 from simflash.model.calibration import REPORTS
-
-TILE_ROWS = re.compile(r"nvjet_sm90_hsh_\d+x(\d+)_")
 
 
 def rows() -> list[dict]:
     """One entry per gemm_pv cold row with O of 3 MiB or more, by cuBLAS's tile rounds."""
     spec = gpu_spec("H200")
     residue = spec.calibration["l2_flush_residue_bytes"] / MiB
-    names = kernel_names("cold", sweeps=[s for s in REPORTS if s != "splitkv"])
+    sweeps = [sweep for sweep in REPORTS if sweep != "splitkv"]  # splitkv: SDPA's grids only
+    names = kernel_names("cold", sweeps=sweeps)
     out = []
-    for sweep, report in REPORTS.items():
-        if sweep == "splitkv":
-            continue
-        for row in json.loads((SWEEPS / report).read_text())["rows"]:
+    for sweep in sweeps:
+        for row in report(REPORTS[sweep], None)["rows"]:
             c = row["config"]
             if row["implementation"] != "naive" or row["kernel"] != "gemm_pv" or row["cache"] != "cold":
                 continue
             o = c["heads"] * c["n"] * c["d"] * 2 / MiB
-            tile = TILE_ROWS.search(names[sweep, c["heads"], c["n"], c["d"], c["causal"]][0])
-            if o < 3 or tile is None or "splitK" in names[sweep, c["heads"], c["n"], c["d"], c["causal"]][0]:
+            ran = names[sweep, c["heads"], c["n"], c["d"], c["causal"]][0]
+            tile = TILE.search(ran)
+            if o < 3 or tile is None or "splitK" in ran:
                 continue
-            tiles = c["heads"] * -(-c["n"] // int(tile[1]))
+            tiles = c["heads"] * -(-c["n"] // int(tile[2]))
             rounds = -(-tiles // spec.sm_count)
             last = (tiles - (rounds - 1) * spec.sm_count) / tiles
             out.append({"rounds": rounds, "o": o, "earlier_rounds": o * (1 - last),

@@ -89,9 +89,9 @@ def main(out: Path) -> None:
     show(out / "softmax_lead.json")
 
 
-def predicted_dirty(n: int, heads: int, resident_rows: int) -> float:
+def predicted_dirty(n: int, heads: int, ctas_per_sm: int) -> float:
     """MiB of P the model leaves dirty at the softmax's end, S read from DRAM into a clean L2 (the machine file's),
-    its writes trailing its reads by `resident_rows`."""
+    its writes trailing its reads by the rows `ctas_per_sm` CTAs on every SM hold."""
     from simflash.chip import gemm_pv_wave_rows, l2_cache
     from simflash.config import gpu_spec
     from simflash.model.physical import _play_naive_kernel
@@ -101,7 +101,8 @@ def predicted_dirty(n: int, heads: int, resident_rows: int) -> float:
     l2 = l2_cache(spec)
     l2.flush()
     l2.kernel = "softmax"
-    _play_naive_kernel("softmax", TileSchedule(n, n, n, n), heads, 128, 2, gemm_pv_wave_rows(spec), resident_rows, l2)
+    _play_naive_kernel("softmax", TileSchedule(n, n, n, n), heads, 128, 2, gemm_pv_wave_rows(spec),
+                       ctas_per_sm * spec.sm_count, l2)
     l2.end_kernel()
     return (S_BYTES - l2.traffic().by_kernel["softmax"].dram_write_bytes) / MiB
 
@@ -110,7 +111,7 @@ def show(path: Path) -> None:
     print("P dirty at the softmax's end, MiB: measured / the model with the same resident rows (132 SMs x CTAs an SM)")
     for r in json.loads(path.read_text())["rows"]:
         dirty = (S_BYTES - r["dram_write_bytes"]) / MiB
-        model = predicted_dirty(r["n"], r["heads"], 132 * r["ctas_per_sm"])
+        model = predicted_dirty(r["n"], r["heads"], r["ctas_per_sm"])
         print(f"N {r['n']:5d} heads {r['heads']:3d} CTAs an SM {r['ctas_per_sm']} ({r['occupancy_ctas_per_sm']} allowed, "
               f"{r['registers']} registers): read {r['dram_read_bytes'] / MiB:6.1f} MiB, written "
               f"{r['dram_write_bytes'] / MiB:6.1f} in {r['time_ns'] / 1e3:6.1f} us; P dirty at the end {dirty:5.1f} / "
