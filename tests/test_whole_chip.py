@@ -511,6 +511,42 @@ def test_a_partial_last_wave_has_an_sm_per_cta():
     assert (p.makespan_steps, p.busiest_sm_steps) == (4 * wave, (2 * 3 + 1) * wave)
 
 
+def test_reread_floors_come_out_of_their_fit():
+    """SDPA's re-read floors in the machine file are what `fit_reread_floor` computes from the committed
+    calibration sweep (fit set with the mask, cold and warm); a prediction of its causal grid in several waves
+    reads at least Q, K and V once and the floor's share of the rest, one of a single wave and simflash's kernel
+    as the L2 model has them."""
+    import json
+    from pathlib import Path
+
+    import attrs
+
+    from simflash.model.calibration import fit_reread_floor
+    from simflash.model.physical import first_read_bytes
+    from simflash.schedule import TileSchedule
+
+    root = Path(__file__).resolve().parents[1] / "benchmarks/gpu"
+    fitted = fit_reread_floor([json.loads((root / f"calibration_{mode}.json").read_text()) for mode in ("cold", "warm")])
+    spec = sf.GPUS["H200"]
+    written = {k: v for k, v in spec.calibration.items() if k.startswith("reread_floor_")}
+    assert sorted(written) == sorted(fitted) == ["reread_floor_sdpa_flash_d128_causal", "reread_floor_sdpa_flash_d64_causal"]
+    for key, value in fitted.items():
+        assert written[key] == pytest.approx(value, abs=1e-6), key
+    floor = written["reread_floor_sdpa_flash_d128_causal"]
+    bare = attrs.evolve(spec, calibration={k: v for k, v in spec.calibration.items() if not k.startswith("reread_floor_")})
+    waves = predict("fa2", 8192, 128, heads=64, causal=True, kernel="sdpa_flash").kernels[0]
+    without = predict("fa2", 8192, 128, heads=64, causal=True, kernel="sdpa_flash", gpu=bare).kernels[0]
+    first = first_read_bytes(TileSchedule(8192, 8192, 128, 64, causal=True), 64, 128, 2)
+    assert first == 3 * 8192 * 128 * 2 * 64 and waves.ctas > waves.resident_ctas
+    assert without.dram_read_bytes < first + floor * (without.logical_read_bytes - first)  # the floor binds here
+    assert waves.dram_read_bytes == first + round(floor * (waves.logical_read_bytes - first))
+    assert waves.l2_hit_bytes + waves.dram_read_bytes == without.l2_hit_bytes + without.dram_read_bytes
+    one_wave = dict(n=16384, d=128, heads=1, causal=True, kernel="sdpa_flash")
+    assert predict("fa2", **one_wave).kernels[0] == predict("fa2", **one_wave, gpu=bare).kernels[0]
+    simflash_kernel = dict(n=8192, d=128, heads=64, causal=True)
+    assert predict("fa2", **simflash_kernel).kernels[0] == predict("fa2", **simflash_kernel, gpu=bare).kernels[0]
+
+
 def test_spill_write_figures_come_out_of_their_fit():
     """SDPA's spill figures in the machine file are what `fit_spill_writes` computes from the committed
     calibration sweep (fit set, cold and warm), to the four digits written there; and a prediction's

@@ -33,7 +33,8 @@ from scipy.optimize import least_squares
 from simflash.algorithms.naive import stored_per_row
 from simflash.config import MiB, GPUSpec, gpu_spec
 from simflash.l2 import L2Flow
-from simflash.model.physical import LAUNCH_SECONDS, flash_step_work, naive_seconds, predict, spill_key
+from simflash.model.physical import (LAUNCH_SECONDS, figure_key, first_read_bytes, flash_step_work, naive_seconds,
+                                     predict)
 from simflash.schedule import TileSchedule
 
 FIT_EVERY = 3  # configuration k of the sweep is in the fit set when k % FIT_EVERY == 0
@@ -189,7 +190,7 @@ def fit_spill_writes(measurements: Iterable[dict], gpu: GPUSpec | str = "H200") 
                 continue
             k = predict("fa2", c["n"], c["d"], heads=c["heads"], causal=c["causal"], gpu=bare,
                         cache=measurement["cache"], kernel="sdpa_flash").kernels[0]
-            rows.setdefault(spill_key("sdpa_flash", c["d"], c["causal"]), []).append(
+            rows.setdefault(figure_key("spill", "sdpa_flash", c["d"], c["causal"]), []).append(
                 (k.ctas, k.tile_steps, k.dram_write_bytes, entry["kernels"][0]["dram_write_bytes"]))
     figures = {}
     for key, group in rows.items():
@@ -197,6 +198,42 @@ def fit_spill_writes(measurements: Iterable[dict], gpu: GPUSpec | str = "H200") 
         per_cta, per_step = np.linalg.lstsq(np.stack([ctas, steps], axis=1) / written[:, None],
                                             (written - predicted) / written, rcond=None)[0]
         figures[f"{key}_cta_bytes"], figures[f"{key}_step_bytes"] = float(per_cta), float(per_step)
+    return figures
+
+
+FLOOR_SHARES = np.arange(0.0, 0.03, 1e-4)  # the re-read floors `fit_reread_floor` tries
+SWEEP_ITEMSIZE = 2  # the sweeps ran 16-bit inputs
+
+
+def fit_reread_floor(measurements: Iterable[dict], gpu: GPUSpec | str = "H200") -> dict[str, float]:
+    """SDPA's re-read floors (`simflash.model.physical.with_reread_floor`): for each compiled instantiation with
+    the mask (head dimension), the share of the K and V read again that at least miss, in the fit set's SDPA rows
+    whose grid runs in more than one wave, cold and warm: least squares on the relative error of the DRAM reads
+    (the floor raising the L2 model's prediction wherever it falls below it), over shares in steps of 0.01%."""
+    spec = gpu_spec(gpu)
+    bare = attrs.evolve(spec, calibration={k: v for k, v in spec.calibration.items()
+                                           if not k.startswith("reread_floor_")})
+    rows: dict[str, list[tuple[int, int, int, int]]] = {}  # instantiation -> (predicted, first, logical, measured)
+    for measurement in measurements:
+        for index, entry in enumerate(measurement["configs"]):
+            c = entry["config"]
+            if c["algorithm"] != "sdpa_flash" or not c["causal"] or index % FIT_EVERY != 0:
+                continue
+            prediction = predict("fa2", c["n"], c["d"], heads=c["heads"], causal=True, gpu=bare,
+                                 cache=measurement["cache"], kernel="sdpa_flash")
+            k = prediction.kernels[0]
+            if k.ctas <= k.resident_ctas:
+                continue
+            sched = TileSchedule(c["n"], c["n"], prediction.config["block_q"], prediction.config["block_kv"],
+                                 causal=True)
+            first = first_read_bytes(sched, c["heads"], c["d"], SWEEP_ITEMSIZE)
+            rows.setdefault(figure_key("reread_floor", "sdpa_flash", c["d"], True), []).append(
+                (k.dram_read_bytes, first, k.logical_read_bytes, entry["kernels"][0]["dram_read_bytes"]))
+    figures = {}
+    for key, group in rows.items():
+        predicted, first, logical, measured = np.array(group, dtype=float).T[:, None, :]
+        floored = np.maximum(predicted, first + FLOOR_SHARES[:, None] * (logical - first))
+        figures[key] = float(FLOOR_SHARES[np.argmin((((floored - measured) / measured) ** 2).sum(axis=1))])
     return figures
 
 

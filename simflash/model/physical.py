@@ -5,7 +5,9 @@ onto the chip's CTA slots in lock-step (simflash.grid), every transfer through t
 (simflash.l2), cold (flushed before every kernel) or warm (flushed once before the first). Per kernel:
 logical bytes, L2 hits, DRAM reads and writes, dirty bytes left in the L2, and a predicted time.
 A kernel that spills registers also writes some of its stack frame to DRAM (`spill_write_bytes`),
-which the logical ledger does not see; its DRAM writes include them.
+which the logical ledger does not see; its DRAM writes include them. Where a kernel's CTAs read K and V
+again one after another (PyTorch's FA-2 kernel with the mask), at least a fitted share of those reads
+miss once the grid runs in more than one wave (`with_reread_floor`).
 
 Time, per kernel: the larger of
 - compute: the busiest SM's work over the lock-step schedule. Each CTA stays on the SM of the slot
@@ -136,11 +138,15 @@ def predict(
     own_build = (block_q, block_kv) == profile.tiles(d) and itemsize == 2  # the instantiations the figures are of
     spills = spill_write_bytes(spec, kernel, d, causal, len(ctas), tile_steps) if own_build else 0
     flow = l2.traffic().by_kernel[fa2.kernel] + L2Flow(dram_write_bytes=spills)
+    floor = spec.calibration.get(figure_key("reread_floor", kernel, d, causal), 0.0) if own_build else 0.0
+    if floor and len(ctas) > slots:
+        flow = with_reread_floor(flow, floor, first_read_bytes(sched, heads, d, itemsize))
     sm_steps = busiest_sm_steps([cta.n_steps for cta in ctas], slots, spec.sm_count)
     terms = _flash_seconds(spec, flow, sm_steps * _flash_step_seconds(spec, kernel, block_q, block_kv, d))
     kernels = (_prediction(fa2.kernel, flow, terms, LAUNCH_SECONDS, len(ctas), slots, tile_steps, len(resident),
                            sm_steps, spills),)
-    notes = _spill_notes(spec, profile, d, causal, own_build) + _diagonal_notes(profile, causal, len(ctas), slots)
+    notes = (_spill_notes(spec, profile, d, causal, own_build) + _diagonal_notes(profile, causal, len(ctas), slots)
+             + _floor_notes(profile, floor, len(ctas) > slots))
     return PhysicalPrediction(config, kernels, notes)
 
 
@@ -155,6 +161,14 @@ def _diagonal_notes(profile: KernelProfile, causal: bool, ctas: int, slots: int)
             "least-recently-used caches do not describe: over several waves its DRAM reads are the model's "
             "least reliable (at d = 128, off by up to a few times on the sweeps; docs/physical.md, "
             "\"Where it is wrong\")",)
+
+
+def _floor_notes(profile: KernelProfile, floor: float, waves: bool) -> tuple[str, ...]:
+    """Where a re-read floor bounds the DRAM reads from below, a note saying so."""
+    if not (floor and waves):
+        return ()
+    return (f"{profile.name}'s DRAM reads are at least Q, K and V once and {floor:.2%} of the K and V read again "
+            "(the machine file's fitted floor for this compiled instantiation: docs/physical.md)",)
 
 
 PV_WARM_SCORE_BYTES = 8 * 1024 * 1024  # P (all heads) from which the P V GEMM's warm writes go astray
@@ -192,7 +206,7 @@ def _spill_notes(spec: GPUSpec, profile: KernelProfile, d: int, causal: bool, ow
         block_q, block_kv = profile.tiles(d)
         return (f"{build} spills as compiled for its own tiles ({block_q}x{block_kv}) in a 16-bit dtype; for other "
                 "tiles or dtypes the DRAM writes leave its register spills out",)
-    if f"{spill_key(profile.name, d, causal)}_cta_bytes" not in spec.calibration:
+    if f"{figure_key('spill', profile.name, d, causal)}_cta_bytes" not in spec.calibration:
         return (f"{spec.name}'s machine file has no spill figures for {build}: the DRAM writes leave out the "
                 "kernel's register spills",)
     return ()
@@ -229,9 +243,27 @@ def _naive(spec, l2: L2, n, n_kv, d, heads, causal, causal_variant, itemsize, ca
     return tuple(predictions)
 
 
-def spill_key(kernel: str, d: int, causal: bool) -> str:
-    """The prefix of a compiled instantiation's spill figures in the machine file's [calibration] table."""
-    return f"spill_{kernel}_d{d}" + ("_causal" if causal else "")
+def figure_key(figure: str, kernel: str, d: int, causal: bool) -> str:
+    """The name (spills: the prefix) of a compiled instantiation's `figure` in the machine file's [calibration]
+    table: spill, reread_floor."""
+    return f"{figure}_{kernel}_d{d}" + ("_causal" if causal else "")
+
+
+def first_read_bytes(sched: TileSchedule, heads: int, d: int, itemsize: int) -> int:
+    """Bytes an FA-2 grid reads at least once: every row of Q, and the rows of K and V some query tile sees."""
+    kv_tiles = set().union(*(sched.kv_range(i) for i in range(sched.n_q_tiles)))
+    kv_rows = sum(sched.kv_cols(j).stop - sched.kv_cols(j).start for j in kv_tiles)
+    return heads * (sched.n_rows + 2 * kv_rows) * d * itemsize
+
+
+def with_reread_floor(flow: L2Flow, share: float, first_reads: int) -> L2Flow:
+    """`flow` with at least `share` of its reads beyond the first of each byte (`first_reads`) missing. PyTorch's
+    FA-2 kernel with the mask walks each CTA's K and V from its diagonal down, so a tile is read again by one CTA
+    after another; in grids of several waves the real L2 loses about 1% of those reads where least recently used
+    order loses none (benchmarks/gpu/sdpa_kv_order/floor.txt; the sweeps' rows, docs/physical.md)."""
+    least = first_reads + round(share * (flow.read_bytes - first_reads))
+    extra = max(0, least - flow.dram_read_bytes)
+    return attrs.evolve(flow, hit_bytes=flow.hit_bytes - extra, dram_read_bytes=flow.dram_read_bytes + extra)
 
 
 def spill_write_bytes(spec: GPUSpec, kernel: str, d: int, causal: bool, ctas: int, tile_steps: int) -> int:
@@ -241,7 +273,7 @@ def spill_write_bytes(spec: GPUSpec, kernel: str, d: int, causal: bool, ctas: in
     tile step. Both are fitted per compiled instantiation (head dimension, mask) on the calibration
     sweep's fit set (`simflash.model.calibration.fit_spill_writes`); 0 where the machine file has no
     figures (simflash's kernel, whose DRAM writes are O alone; SDPA at a head dimension not measured)."""
-    key = spill_key(kernel, d, causal)
+    key = figure_key("spill", kernel, d, causal)
     per_cta = spec.calibration.get(f"{key}_cta_bytes", 0.0)
     per_step = spec.calibration.get(f"{key}_step_bytes", 0.0)
     return round(per_cta * ctas + per_step * tile_steps)

@@ -1,0 +1,62 @@
+"""The evidence for SDPA's re-read floor (`simflash.model.physical.with_reread_floor`): on every causal row of
+the eight regime sweeps up to N = 51,200, cold and warm, the DRAM MiB read beyond Q + K + V by simflash's FA-2
+kernel and by SDPA's, and for SDPA the share of its K and V re-reads that missed, measured, predicted by the
+reports at a git revision (before the floor) and by the committed reports (with it).
+
+    python benchmarks/gpu/sdpa_kv_order/reread_floor.py c4e8a01 > benchmarks/gpu/sdpa_kv_order/reread_floor.txt
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from miss_rates import ITEMSIZE, ROOT, logical_reads
+
+from simflash.model.calibration import REGIME_REPORTS
+
+LARGEST_N = 51200
+SMALL_KV_BYTES = 12 * 2**20  # one head's K + V up to which the L2 holds them: the summary's rows
+
+
+def causal_rows(rev: str | None) -> dict[tuple, dict]:
+    """{(d, N, heads, cache, implementation): report row} of the eight sweeps' causal FA-2 rows."""
+    rows = {}
+    for name in REGIME_REPORTS.values():
+        text = (subprocess.run(["git", "show", f"{rev}:benchmarks/gpu/{name}"], capture_output=True, text=True,
+                               check=True, cwd=ROOT).stdout if rev else (ROOT / name).read_text())
+        for row in json.loads(text)["rows"]:
+            c = row["config"]
+            if c["causal"] and c["n"] <= LARGEST_N and row["implementation"] in ("fa2", "sdpa_flash"):
+                rows[c["d"], c["n"], c["heads"], row["cache"], row["implementation"]] = row
+    return rows
+
+
+def main(rev: str) -> None:
+    now, before = causal_rows(None), causal_rows(rev)
+    print(f"causal rows up to N = {LARGEST_N:,}: DRAM MiB beyond Q + K + V; SDPA's K and V re-reads missed "
+          f"(measured, predicted at {rev}, predicted now)")
+    print("d    N       heads  cache  simflash MiB  SDPA MiB  missed: measured  before    now")
+    beyond = {}
+    for (d, n, heads, cache, implementation), row in sorted(now.items()):
+        if implementation != "sdpa_flash" or (d, n, heads, cache, "fa2") not in now:
+            continue
+        compulsory = 3 * heads * n * d * ITEMSIZE
+        rereads = logical_reads(n, d, heads, True) - compulsory
+        fa2 = (now[d, n, heads, cache, "fa2"]["measured"]["dram_read_bytes"] - compulsory) / 2**20
+        sdpa = (row["measured"]["dram_read_bytes"] - compulsory) / 2**20
+        shares = [(r["dram_read_bytes"] - compulsory) / rereads
+                  for r in (row["measured"], before[d, n, heads, cache, implementation]["predicted"], row["predicted"])]
+        if 2 * n * d * ITEMSIZE <= SMALL_KV_BYTES:
+            beyond.setdefault(d, []).append((fa2, sdpa, shares[0]))
+        print(f"{d:<4} {n:<7} {heads:<6} {cache:<6} {fa2:>12.1f}  {sdpa:>8.1f}  {shares[0]:>16.2%}  {shares[1]:>6.2%}"
+              f"  {shares[2]:>6.2%}")
+    for d, rows in sorted(beyond.items()):
+        print(f"d = {d}, one head's K + V up to 12 MiB: at most {max(r[0] for r in rows):.1f} MiB beyond Q + K + V "
+              f"for simflash's kernel, {max(r[1] for r in rows):.1f} for SDPA's, whose re-reads missed "
+              f"{min(r[2] for r in rows):.2%} to {max(r[2] for r in rows):.2%}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
