@@ -15,7 +15,8 @@ after them; an eighth (`--sweep verify`) was defined and measured after that; th
 handling of dirty reads and O's write weight were chosen with all eight in view, and a tenth (`--sweep
 later`) measured after them (the ninth, `--sweep splitkv`, holds PyTorch's split-KV grids); the naive
 softmax's lead and read weight were chosen with all ten in view, and an eleventh (`--sweep lead`) measured
-after them. A kernel row passes when the predicted DRAM bytes are within 10% (or 1 MiB, whichever is larger)
+after them; SDPA's re-read floor was then fitted on the fit set, designed with the eight regime sweeps in view
+(not the tenth or the eleventh). A kernel row passes when the predicted DRAM bytes are within 10% (or 1 MiB, whichever is larger)
 of the measured ones.
 """
 

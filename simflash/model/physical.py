@@ -139,14 +139,15 @@ def predict(
     spills = spill_write_bytes(spec, kernel, d, causal, len(ctas), tile_steps) if own_build else 0
     flow = l2.traffic().by_kernel[fa2.kernel] + L2Flow(dram_write_bytes=spills)
     floor = spec.calibration.get(figure_key("reread_floor", kernel, d, causal), 0.0) if own_build else 0.0
-    if floor and len(ctas) > slots:
+    several_waves = len(ctas) > slots
+    if floor and several_waves:
         flow = with_reread_floor(flow, floor, first_read_bytes(sched, heads, d, itemsize))
     sm_steps = busiest_sm_steps([cta.n_steps for cta in ctas], slots, spec.sm_count)
     terms = _flash_seconds(spec, flow, sm_steps * _flash_step_seconds(spec, kernel, block_q, block_kv, d))
     kernels = (_prediction(fa2.kernel, flow, terms, LAUNCH_SECONDS, len(ctas), slots, tile_steps, len(resident),
                            sm_steps, spills),)
     notes = (_spill_notes(spec, profile, d, causal, own_build) + _diagonal_notes(profile, causal, len(ctas), slots)
-             + _floor_notes(profile, floor, len(ctas) > slots))
+             + _floor_notes(profile, floor, several_waves))
     return PhysicalPrediction(config, kernels, notes)
 
 
@@ -163,9 +164,9 @@ def _diagonal_notes(profile: KernelProfile, causal: bool, ctas: int, slots: int)
             "\"Where it is wrong\")",)
 
 
-def _floor_notes(profile: KernelProfile, floor: float, waves: bool) -> tuple[str, ...]:
+def _floor_notes(profile: KernelProfile, floor: float, several_waves: bool) -> tuple[str, ...]:
     """Where a re-read floor bounds the DRAM reads from below, a note saying so."""
-    if not (floor and waves):
+    if not (floor and several_waves):
         return ()
     return (f"{profile.name}'s DRAM reads are at least Q, K and V once and {floor:.2%} of the K and V read again "
             "(the machine file's fitted floor for this compiled instantiation: docs/physical.md)",)

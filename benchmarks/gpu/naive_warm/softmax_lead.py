@@ -22,16 +22,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "l2_probe"))
 
 from probe import BLOCK, GRID, MiB, SOURCE, chunks, kernel_row, profile, run
 
+from simflash.config import gpu_spec
+
 S_BYTES = 128 * MiB
 ROW_LENGTHS = (1024, 2048, 4096, 8192)
 CTAS_PER_SM = (1, 2, 4, 8)
 CASES = [{"n": n, "heads": S_BYTES // (2 * n * n), "ctas_per_sm": k} for n in ROW_LENGTHS for k in CTAS_PER_SM]
-SM_SHARED_RESERVED = 1024  # bytes of an SM's shared memory the driver keeps per resident CTA (occupancy rules)
 
 
 def shared_bytes(n: int, ctas_per_sm: int, per_sm: int, static: int) -> int:
-    """Dynamic shared memory that lets at most `ctas_per_sm` CTAs share an SM (at least the row, 2 n bytes)."""
-    return max(2 * n, per_sm // ctas_per_sm - SM_SHARED_RESERVED - static - 16)
+    """Dynamic shared memory that lets at most `ctas_per_sm` CTAs share an SM (at least the row, 2 n bytes): the
+    SM's share less what the driver reserves per CTA (the machine file's figure), the static part, and 16 bytes so
+    that the allocation unit's rounding cannot fit one more."""
+    reserved = gpu_spec("H200").shared_reserved_bytes_per_cta
+    return max(2 * n, per_sm // ctas_per_sm - reserved - static - 16)
 
 
 def launches() -> tuple:
@@ -93,7 +97,6 @@ def predicted_dirty(n: int, heads: int, ctas_per_sm: int) -> float:
     """MiB of P the model leaves dirty at the softmax's end, S read from DRAM into a clean L2 (the machine file's),
     its writes trailing its reads by the rows `ctas_per_sm` CTAs on every SM hold."""
     from simflash.chip import gemm_pv_wave_rows, l2_cache
-    from simflash.config import gpu_spec
     from simflash.model.physical import _play_naive_kernel
     from simflash.schedule import TileSchedule
 

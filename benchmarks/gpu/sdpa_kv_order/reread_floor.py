@@ -8,11 +8,14 @@ reports at a git revision (before the floor) and by the committed reports (with 
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
+from pathlib import Path
 
-from miss_rates import ITEMSIZE, ROOT, logical_reads
+from miss_rates import ITEMSIZE, logical_reads
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from unseen_counts import report
 
 from simflash.model.calibration import REGIME_REPORTS
 
@@ -24,9 +27,7 @@ def causal_rows(rev: str | None) -> dict[tuple, dict]:
     """{(d, N, heads, cache, implementation): report row} of the eight sweeps' causal FA-2 rows."""
     rows = {}
     for name in REGIME_REPORTS.values():
-        text = (subprocess.run(["git", "show", f"{rev}:benchmarks/gpu/{name}"], capture_output=True, text=True,
-                               check=True, cwd=ROOT).stdout if rev else (ROOT / name).read_text())
-        for row in json.loads(text)["rows"]:
+        for row in report(name, rev)["rows"]:
             c = row["config"]
             if c["causal"] and c["n"] <= LARGEST_N and row["implementation"] in ("fa2", "sdpa_flash"):
                 rows[c["d"], c["n"], c["heads"], row["cache"], row["implementation"]] = row
