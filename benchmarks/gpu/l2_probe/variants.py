@@ -71,7 +71,11 @@ class L2Variant(L2Cache):
     before any other and in random order (seeded), in the kernels `stale_kernels` names (every kernel where
     empty); `random_victim_share`: on each eviction, with that probability the victim is a block drawn
     uniformly (seeded) from the whole set rather than the least recently used one (with `random_victim_clean`,
-    from its clean blocks only)."""
+    from its clean blocks only); `stale_shed_kernels`: in those kernels, a block filled while the cache is full
+    takes up to its full size, the room beyond its weight evicted at random from the blocks an earlier kernel left,
+    `stale_shed_rate` x their share of the cache x its size (with `stale_shed_latched`, from the kernel's first
+    eviction on, the fill not growing; with `stale_shed_dead_only`, only clean stale blocks and dirty ones this
+    kernel has read)."""
 
     dirty_limit: float = float("inf")
     dirty_weight: float = 1.0
@@ -93,6 +97,15 @@ class L2Variant(L2Cache):
     random_victim_share: float = 0.0  # on each eviction, this share of the time the victim is a block drawn at random
     random_victim_clean: bool = False  # with random_victim_share: only clean blocks drawn (the LRU one where none is)
     clean_tail: float = 0.0  # dirty blocks within this many bytes of the least recently used end are written back, kept clean
+    stale_shed_kernels: tuple = ()  # in these kernels, a fill while full takes room from what an earlier kernel left
+    stale_shed_rate: float = 1.0  # with stale_shed_kernels: the share of a fill's size times the stale share shed
+    stale_shed_latched: bool = False  # with stale_shed_kernels: from the kernel's first eviction on, the fill not growing
+    stale_shed_dead_only: bool = False  # with stale_shed_kernels: only clean stale blocks, and dirty ones once read here
+    _evicted_here: bool = False  # whether the cache has evicted in this kernel
+    _dead: list = attrs.field(factory=list)  # with stale_shed_dead_only: the stale blocks that may be shed
+    _dead_set: set = attrs.field(factory=set)
+    _stale_bytes: int = 0  # bytes of the blocks in _stale
+    _shed_owed: float = 0.0  # bytes of stale blocks a fill has yet to evict
     _writing: bool = False
     _clock: int = 0  # bytes brought in (fills and writes): the age a block's last touch is told by
     _touched: dict = attrs.field(factory=dict)  # key -> _clock at its insertion or last move to the end
@@ -108,6 +121,7 @@ class L2Variant(L2Cache):
             MISSED[0] += nbytes
         if key in self._stale and not self._blocks[key][1]:  # a clean block read again is this kernel's
             self._stale.discard(key)
+            self._stale_bytes -= self._blocks[key][0]
         block = self._blocks.get(key)
         if block is None or not (block[1] or self.shared_rereads or self.reread_weight != 1.0):
             flow = self._flow(key[0])
@@ -116,6 +130,8 @@ class L2Variant(L2Cache):
                 self._clock += nbytes
             self._touched[key] = self._clock  # filled, or a clean block moved to the end
             super().read(key, nbytes, count, shared, again)
+            if block is None:
+                self._shed_stale(key, nbytes)
             if block is not None and count == 1 and self._evicting and self.reread_floor:
                 missed = round(nbytes * self.reread_floor)
                 flow[0] = hits + nbytes - missed
@@ -132,6 +148,9 @@ class L2Variant(L2Cache):
             self._touched[key] = self._clock
             self._evict()
             return
+        if self.stale_shed_dead_only and key in self._stale and key not in self._dead_set:
+            self._dead.append(key)  # a dirty block the kernel has read: dead, it may be shed
+            self._dead_set.add(key)
         held = nbytes * self.dirty_weight * self.dirty_read_weight * (self.cohort_weight if count > 1 or shared else 1.0)
         self._resident_cost += held - block[2]
         block[2] = held
@@ -146,7 +165,9 @@ class L2Variant(L2Cache):
         self._evict()
 
     def write(self, key, nbytes):
-        self._stale.discard(key)
+        if key in self._stale:
+            self._stale.discard(key)
+            self._stale_bytes -= self._blocks[key][0]
         self._flow(key[0])[4] += nbytes
         block = self._blocks.pop(key, None)
         if block is not None:
@@ -166,18 +187,62 @@ class L2Variant(L2Cache):
         self._writing = True
         self._evict()
         self._writing = False
+        if block is None:
+            self._shed_stale(key, nbytes)
 
     def end_kernel(self):
         super().end_kernel()
-        if self.stale_random:  # what this kernel leaves, the next evicts in no order of its own
+        self._evicted_here = False
+        if self.stale_random or self.stale_shed_kernels:  # what this kernel leaves, the next evicts in no order of its own
             self._stale = set(self._blocks)
+            self._stale_bytes = sum(block[0] for block in self._blocks.values())
             self._stale_order = list(self._blocks)
             self._random.shuffle(self._stale_order)
+            self._shed_owed = 0.0
+            self._dead = [key for key, block in self._blocks.items() if not block[1]]
+            self._dead_set = set(self._dead)
+
+    def _shed_stale(self, key, nbytes):
+        """In a shedding kernel, a block filled while the cache is full takes up to its full size, the room evicted
+        from the stale blocks (what an earlier kernel left), drawn at random, their share of the cache times its
+        size: what an earlier kernel left goes at a pace the misses set, whatever its place."""
+        block = self._blocks.get(key)
+        if self.kernel not in self.stale_shed_kernels or not self._stale_bytes or block is None:
+            return
+        if self.stale_shed_latched:
+            if not self._evicted_here:
+                return
+            self._shed_owed += self.stale_shed_rate * nbytes * self._stale_bytes / self.capacity_bytes
+        elif self._resident_cost < self.capacity_bytes - nbytes:
+            return
+        else:
+            self._shed_owed += min(nbytes - block[2],
+                                   self.stale_shed_rate * nbytes * self._stale_bytes / self.capacity_bytes)
+        candidates = self._dead if self.stale_shed_dead_only else self._stale_order
+        while self._shed_owed > 0 and candidates:
+            if self.stale_shed_dead_only:  # drawn at random: swapped to the end, then taken
+                i = self._random.randrange(len(candidates))
+                candidates[i], candidates[-1] = candidates[-1], candidates[i]
+            victim = candidates.pop()
+            if victim not in self._stale:
+                continue
+            size, dirty, cost = self._blocks.pop(victim)
+            self._stale.discard(victim)
+            self._stale_bytes -= size
+            self._shed_owed -= size
+            self._resident_cost -= cost
+            grown = 0.0 if self.stale_shed_latched else min(cost, nbytes - block[2])
+            block[2] += grown
+            self._resident_cost += grown
+            if dirty:
+                self._flow(victim[0])[2] += size
+                self._forget_dirty(victim)
 
     def flush(self, residue=False):
         super().flush(residue and not self.residue_blocks)
         self._stale.clear()
         self._stale_order.clear()
+        self._stale_bytes = 0
         self._evicting = False
         self._dirty.clear()
         self._dirty_bytes = 0
@@ -220,10 +285,11 @@ class L2Variant(L2Cache):
 
     def _evict_lru(self):
         while self._resident_cost > self.capacity_bytes and self._blocks:
-            self._evicting = True
+            self._evicting = self._evicted_here = True
             window = self.kernel_victim_windows.get(self.kernel, self.victim_window)
             key = None
-            while self._stale_order and key is None and (not self.stale_kernels or self.kernel in self.stale_kernels):
+            while self.stale_random and self._stale_order and key is None and (
+                    not self.stale_kernels or self.kernel in self.stale_kernels):
                 candidate = self._stale_order.pop()
                 key = candidate if candidate in self._stale else None
             if key is None and self.clean_age_factor != 1.0 and self._dirty and (
@@ -240,7 +306,9 @@ class L2Variant(L2Cache):
                 nbytes, dirty, cost = self._blocks.pop(key)
             else:
                 key, (nbytes, dirty, cost) = self._blocks.popitem(last=False)
-            self._stale.discard(key)
+            if key in self._stale:
+                self._stale.discard(key)
+                self._stale_bytes -= nbytes
             self._resident_cost -= cost
             if dirty:
                 self._flow(key[0])[2] += nbytes
@@ -544,6 +612,12 @@ VARIANTS = {
                                         kernel_read_weights={"gemm_pv": 0.5}),
     "stale-random-in-pv-fill-0.75": dict(stale_random=True, stale_kernels=("gemm_pv",),
                                          kernel_read_weights={"gemm_pv": 0.75}),
+    "shed-stale-pv": dict(stale_shed_kernels=("gemm_pv",)),
+    **{f"shed-stale-pv-{r}": dict(stale_shed_kernels=("gemm_pv",), stale_shed_rate=r) for r in (0.25, 0.5, 0.75)},
+    **{f"shed-latched-pv-{r}": dict(stale_shed_kernels=("gemm_pv",), stale_shed_rate=r, stale_shed_latched=True)
+       for r in (0.25, 0.5, 0.75, 1.0)},
+    **{f"shed-dead-pv-{r}": dict(stale_shed_kernels=("gemm_pv",), stale_shed_rate=r, stale_shed_latched=True,
+                                 stale_shed_dead_only=True) for r in (1.0, 2.0)},
     "slru-8": dict(levels_mib=(8,)),  # a segmented LRU: 8 MiB protected beside the model's cache
     "slru-12": dict(levels_mib=(12,)),
     "levels-4x3": dict(levels_mib=(4, 4, 4)),
