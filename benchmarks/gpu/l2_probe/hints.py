@@ -1,0 +1,94 @@
+"""Does the naive P V GEMM write back the P the softmax left dirty because cuBLAS reads P with an L2 eviction hint?
+Warm, the GEMM writes that P back at about the pace its misses come in (benchmarks/gpu/naive_warm/pv_writes.txt),
+where a plain read stream leaves dirty data alone until it and the data pass 35 to 45 MiB together (probe.py). Each
+case after a read-only flush:
+
+- `read`: a kernel writes W (X MiB, dirty), then a kernel reads W and a fresh buffer R (Y MiB) side by side, every
+  load plain (`hint` 0) or with an L2 evict_first cache policy (`hint` 1): what of the dirty W the fills of R write
+  back when the reads of W mark it to go first;
+- `gemm`: a fill writes P (heads x N x N, fp16, dirty), then cupy.matmul(P, V) (cuBLAS) reads it, V of d columns.
+
+Application replay, no cache control, as the warm sweeps are measured.
+
+    python benchmarks/gpu/l2_probe/hints.py OUT_DIR     # runs ncu over itself: hints.json, hints_ncu.csv
+    python benchmarks/gpu/l2_probe/hints.py --show benchmarks/gpu/l2_probe/hints.json
+"""
+
+import json
+from pathlib import Path
+
+from probe import BLOCK, GRID, MiB, SOURCE, chunks, kernel_row, profile, run
+
+READS = [(24, y, hint) for y in (8, 16, 32) for hint in (0, 1)]  # (X, Y, hint)
+GEMMS = [(heads, 2048, d) for heads in (2, 3) for d in (128, 1024)]  # (heads, N, d): P of 16 and 24 MiB
+HINT_SOURCE = SOURCE + r"""
+__device__ float4 load(const float4* p, int hint, unsigned long long policy) {
+  if (!hint) return *p;
+  float4 v;
+  asm volatile("ld.global.L2::cache_hint.v4.f32 {%0, %1, %2, %3}, [%4], %5;"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p), "l"(policy));
+  return v;
+}
+extern "C" __global__ void hint_read(const float4* w, unsigned long long nw, const float4* r, unsigned long long nr,
+                                     int hint, float* never) {
+  unsigned long long policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  float s = 0.f;
+  const unsigned long long n = nw > nr ? nw : nr;
+  for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n; i += (unsigned long long)gridDim.x * blockDim.x) {
+    if (i < nw) { const float4 v = load(w + i, hint, policy); s += v.x + v.y + v.z + v.w; }
+    if (i < nr) { const float4 v = load(r + i, hint, policy); s += v.x + v.y + v.z + v.w; }
+  }
+  if (s == -1.f) never[0] = s;
+}
+"""
+
+
+def target() -> None:
+    import cupy
+
+    module = cupy.RawModule(code=HINT_SOURCE)
+    write, flush, read = (module.get_function(k) for k in ("probe_write", "flush_read", "hint_read"))
+    W, R = cupy.ones(64 * MiB // 4, dtype=cupy.float32), cupy.ones(64 * MiB // 4, dtype=cupy.float32)
+    F = cupy.ones(512 * MiB // 4, dtype=cupy.float32)
+    never, same = cupy.zeros(1, dtype=cupy.float32), cupy.int32(0)
+    grid, block = (GRID,), (BLOCK,)
+    for x, y, hint in READS:
+        flush(grid, block, (F, chunks(512), same, never))
+        write(grid, block, (W, chunks(x)))
+        read(grid, block, (W, chunks(x), R, chunks(y), cupy.int32(hint), never))
+    for heads, n, d in GEMMS:
+        P = cupy.empty((heads, n, n), dtype=cupy.float16)
+        V = cupy.full((heads, n, d), 1e-3, dtype=cupy.float16)
+        flush(grid, block, (F, chunks(512), same, never))
+        P.fill(1e-3)
+        cupy.matmul(P, V)
+    cupy.cuda.Device().synchronize()
+
+
+def main(out: Path) -> None:
+    from simflash.backends.profile import parse_ncu_csv
+
+    command, csv_text = profile(__file__, out, "hints_ncu.csv")
+    kernels = [k for k in parse_ncu_csv(csv_text) if not k["name"].startswith("flush_read")]
+    cases = [{"pattern": "read", "x_mib": x, "y_mib": y, "hint": hint} for x, y, hint in READS]
+    cases += [{"pattern": "gemm", "heads": heads, "n": n, "d": d} for heads, n, d in GEMMS]
+    if len(kernels) != 2 * len(cases):
+        raise RuntimeError(f"{len(kernels)} kernels profiled besides the flushes, {2 * len(cases)} expected: "
+                           + ", ".join(k["name"][:40] for k in kernels))
+    rows = [{**case, "kernels": [kernel_row(k) for k in kernels[2 * i:2 * i + 2]]} for i, case in enumerate(cases)]
+    (out / "hints.json").write_text(json.dumps({"command": command, "rows": rows}, indent=1))
+    show(rows)
+
+
+def show(rows: list[dict]) -> None:
+    for r in rows:
+        case = (f"read X = {r['x_mib']} MiB, Y = {r['y_mib']:2d}, {'evict_first' if r['hint'] else 'plain      '}"
+                if r["pattern"] == "read" else f"gemm {r['heads']} heads N = {r['n']} d = {r['d']:4d}           ")
+        cells = "  ".join(f"{k['name'][:32]:32s}: R {k['dram_read_bytes'] / MiB:6.2f} W {k['dram_write_bytes'] / MiB:6.2f}"
+                          for k in r["kernels"])
+        print(f"{case}:  {cells}")
+
+
+if __name__ == "__main__":
+    run(target, main, lambda path: show(json.loads(path.read_text())["rows"]))
