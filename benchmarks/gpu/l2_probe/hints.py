@@ -6,7 +6,8 @@ case after a read-only flush:
 - `read`: a kernel writes W (X MiB, dirty), then a kernel reads W and a fresh buffer R (Y MiB) side by side, every
   load plain (`hint` 0) or with an L2 evict_first cache policy (`hint` 1): what of the dirty W the fills of R write
   back when the reads of W mark it to go first;
-- `gemm`: a fill writes P (heads x N x N, fp16, dirty), then cupy.matmul(P, V) (cuBLAS) reads it, V of d columns.
+- `gemm`: a fill writes P (heads x N x N, fp16, dirty), then the naive backend's P V GEMM (cuBLAS,
+  backends/naive.py) reads it, V of d columns.
 
 Application replay, no cache control, as the warm sweeps are measured.
 
@@ -15,6 +16,7 @@ Application replay, no cache control, as the warm sweeps are measured.
 """
 
 import json
+import sys
 from pathlib import Path
 
 from probe import BLOCK, GRID, MiB, SOURCE, chunks, kernel_row, profile, run
@@ -47,6 +49,9 @@ extern "C" __global__ void hint_read(const float4* w, unsigned long long nw, con
 def target() -> None:
     import cupy
 
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root: backends/
+    from backends.naive import gemm
+
     module = cupy.RawModule(code=HINT_SOURCE)
     write, flush, read = (module.get_function(k) for k in ("probe_write", "flush_read", "hint_read"))
     W, R = cupy.ones(64 * MiB // 4, dtype=cupy.float32), cupy.ones(64 * MiB // 4, dtype=cupy.float32)
@@ -58,11 +63,11 @@ def target() -> None:
         write(grid, block, (W, chunks(x)))
         read(grid, block, (W, chunks(x), R, chunks(y), cupy.int32(hint), never))
     for heads, n, d in GEMMS:
-        P = cupy.empty((heads, n, n), dtype=cupy.float16)
+        P, O = cupy.empty((heads, n, n), dtype=cupy.float16), cupy.empty((heads, n, d), dtype=cupy.float16)
         V = cupy.full((heads, n, d), 1e-3, dtype=cupy.float16)
         flush(grid, block, (F, chunks(512), same, never))
         P.fill(1e-3)
-        cupy.matmul(P, V)
+        gemm("float16", False, d, n, n, 1.0, V, d, P, n, O, d)
     cupy.cuda.Device().synchronize()
 
 
@@ -70,13 +75,13 @@ def main(out: Path) -> None:
     from simflash.backends.profile import parse_ncu_csv
 
     command, csv_text = profile(__file__, out, "hints_ncu.csv")
-    kernels = [k for k in parse_ncu_csv(csv_text) if not k["name"].startswith("flush_read")]
+    kernels = parse_ncu_csv(csv_text)
+    after_flush = [kernels[i + 1:i + 3] for i, k in enumerate(kernels) if k["name"].startswith("flush_read")]
     cases = [{"pattern": "read", "x_mib": x, "y_mib": y, "hint": hint} for x, y, hint in READS]
     cases += [{"pattern": "gemm", "heads": heads, "n": n, "d": d} for heads, n, d in GEMMS]
-    if len(kernels) != 2 * len(cases):
-        raise RuntimeError(f"{len(kernels)} kernels profiled besides the flushes, {2 * len(cases)} expected: "
-                           + ", ".join(k["name"][:40] for k in kernels))
-    rows = [{**case, "kernels": [kernel_row(k) for k in kernels[2 * i:2 * i + 2]]} for i, case in enumerate(cases)]
+    if len(after_flush) != len(cases):
+        raise RuntimeError(f"{len(after_flush)} flushes profiled, {len(cases)} expected")
+    rows = [{**case, "kernels": [kernel_row(k) for k in pair]} for case, pair in zip(cases, after_flush)]
     (out / "hints.json").write_text(json.dumps({"command": command, "rows": rows}, indent=1))
     show(rows)
 
