@@ -13,6 +13,14 @@ Application replay, no cache control, as the warm sweeps are measured.
 
     python benchmarks/gpu/l2_probe/hints.py OUT_DIR     # runs ncu over itself: hints.json, hints_ncu.csv
     python benchmarks/gpu/l2_probe/hints.py --show benchmarks/gpu/l2_probe/hints.json
+
+The SASS of the first P V GEMM kernel, where its TMA loads would carry an L2 cache-policy operand (hints_sass.csv):
+
+    ncu --set none --section SourceCounters --kernel-name regex:nvjet --launch-count 1 --page source \
+        --print-source sass --csv python3 benchmarks/gpu/l2_probe/hints.py --target > hints_sass.csv
+
+Printed beside each `read` case: the DRAM writes of the read kernel the model's L2 predicts (the machine file's,
+the kernels replayed in 256 KiB blocks), and what probe.py measured for R read alone after the same W (`stream`).
 """
 
 import json
@@ -20,6 +28,9 @@ import sys
 from pathlib import Path
 
 from probe import BLOCK, GRID, MiB, SOURCE, chunks, kernel_row, profile, run
+
+HERE = Path(__file__).resolve().parent
+REPLAY_BLOCK = 256 * 1024
 
 READS = [(24, y, hint) for y in (8, 16, 32) for hint in (0, 1)]  # (X, Y, hint)
 GEMMS = [(heads, 2048, d) for heads in (2, 3) for d in (128, 1024)]  # (heads, N, d): P of 16 and 24 MiB
@@ -86,13 +97,42 @@ def main(out: Path) -> None:
     show(rows)
 
 
+def predicted_write_bytes(x_mib: int, y_mib: int) -> int:
+    """DRAM bytes the model's L2 has the `read` case's second kernel write: W written, then W and R read side by
+    side, block for block."""
+    from simflash.chip import l2_cache
+    from simflash.config import gpu_spec
+
+    l2 = l2_cache(gpu_spec("H200"))
+    l2.flush()
+    written, fresh = x_mib * MiB // REPLAY_BLOCK, y_mib * MiB // REPLAY_BLOCK
+    l2.kernel = "write"
+    for block in range(written):
+        l2.write(("W", block), REPLAY_BLOCK)
+    l2.end_kernel()
+    l2.kernel = "read"
+    for block in range(max(written, fresh)):
+        if block < written:
+            l2.read(("W", block), REPLAY_BLOCK)
+        if block < fresh:
+            l2.read(("R", block), REPLAY_BLOCK)
+    l2.end_kernel()
+    return l2.traffic().by_kernel["read"].dram_write_bytes
+
+
 def show(rows: list[dict]) -> None:
+    alone = {(r["x_mib"], r["y_mib"]): r["kernels"][1]["dram_write_bytes"]
+             for r in json.loads((HERE / "probe.json").read_text())["rows"] if r["pattern"] == "stream"}
     for r in rows:
-        case = (f"read X = {r['x_mib']} MiB, Y = {r['y_mib']:2d}, {'evict_first' if r['hint'] else 'plain      '}"
-                if r["pattern"] == "read" else f"gemm {r['heads']} heads N = {r['n']} d = {r['d']:4d}           ")
         cells = "  ".join(f"{k['name'][:32]:32s}: R {k['dram_read_bytes'] / MiB:6.2f} W {k['dram_write_bytes'] / MiB:6.2f}"
                           for k in r["kernels"])
-        print(f"{case}:  {cells}")
+        if r["pattern"] == "gemm":
+            print(f"gemm {r['heads']} heads N = {r['n']} d = {r['d']:4d}:  {cells}")
+            continue
+        hint = "evict_first" if r["hint"] else "plain      "
+        extra = "" if r["hint"] else (f"  (the model: W {predicted_write_bytes(r['x_mib'], r['y_mib']) / MiB:5.2f}; "
+                                      f"R alone: W {alone[r['x_mib'], r['y_mib']] / MiB:5.2f})")
+        print(f"read X = {r['x_mib']} MiB, Y = {r['y_mib']:2d}, {hint}:  {cells}{extra}")
 
 
 if __name__ == "__main__":
