@@ -1,7 +1,7 @@
-"""Does the naive P V GEMM write back the P the softmax left dirty because cuBLAS reads P with an L2 eviction hint?
-Warm, the GEMM writes that P back at about the pace its misses come in (benchmarks/gpu/naive_warm/pv_writes.txt),
-where a plain read stream leaves dirty data alone until it and the data pass 35 to 45 MiB together (probe.py). Each
-case after a read-only flush:
+"""Why the naive P V GEMM, warm, writes back the P the softmax left dirty at about the pace its misses come in
+(benchmarks/gpu/naive_warm/pv_writes.txt), where a plain read stream leaves dirty data alone until it and the data
+pass 35 to 45 MiB together (probe.py): an L2 eviction hint on cuBLAS's loads of P, or reading the dirty data while
+the stream comes in? Each case after a read-only flush:
 
 - `read`: a kernel writes W (X MiB, dirty), then a kernel reads W and a fresh buffer R (Y MiB) side by side, every
   load plain (`hint` 0) or with an L2 evict_first cache policy (`hint` 1): what of the dirty W the fills of R write

@@ -41,8 +41,8 @@ def play_with_tile(rows: int, sharing: int):
             return physical._play_naive_kernel(kernel, sched, heads, d, itemsize, wave_rows, softmax_rows, l2)
         model_rows, naive_algorithm.GEMM_TILE_ROWS = naive_algorithm.GEMM_TILE_ROWS, rows
         try:
-            cuBLAS_wave_rows = gpu_spec(GPU).sm_count // sharing * rows
-            return physical._play_naive_kernel(kernel, sched, heads, d, itemsize, cuBLAS_wave_rows, softmax_rows, l2)
+            cublas_wave_rows = gpu_spec(GPU).sm_count // sharing * rows
+            return physical._play_naive_kernel(kernel, sched, heads, d, itemsize, cublas_wave_rows, softmax_rows, l2)
         finally:
             naive_algorithm.GEMM_TILE_ROWS = model_rows
 
@@ -82,8 +82,8 @@ def main() -> None:
     for part in ("fit", "unseen"):
         for cache in ("cold", "warm"):
             for what in ("reads", "writes"):
-                model, oracle, rows = (counts[part, cache, what, column] for column in ("model", "oracle", "rows"))
-                print(f"  {part:6s} {cache} {what:6s}: {model:3d} / {oracle:3d} of {rows}")
+                model, oracle, total = (counts[part, cache, what, column] for column in ("model", "oracle", "rows"))
+                print(f"  {part:6s} {cache} {what:6s}: {model:3d} / {oracle:3d} of {total}")
 
 
 if __name__ == "__main__":
