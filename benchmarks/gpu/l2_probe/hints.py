@@ -97,13 +97,14 @@ def main(out: Path) -> None:
     show(rows)
 
 
-def predicted_write_bytes(x_mib: int, y_mib: int) -> int:
-    """DRAM bytes the model's L2 has the `read` case's second kernel write: W written, then W and R read side by
-    side, block for block."""
+def predicted_write_bytes(x_mib: int, y_mib: int, make=None, beside: bool = True) -> int:
+    """DRAM bytes an L2 (`make(gpu)`; the machine file's, simflash.chip.l2_cache, by default) has the `read` case's
+    second kernel write: W written, then R read, W read beside it block for block (`beside`) or not at all (probe.py's
+    `stream` pattern)."""
     from simflash.chip import l2_cache
     from simflash.config import gpu_spec
 
-    l2 = l2_cache(gpu_spec("H200"))
+    l2 = (make or l2_cache)(gpu_spec("H200"))
     l2.flush()
     written, fresh = x_mib * MiB // REPLAY_BLOCK, y_mib * MiB // REPLAY_BLOCK
     l2.kernel = "write"
@@ -112,7 +113,7 @@ def predicted_write_bytes(x_mib: int, y_mib: int) -> int:
     l2.end_kernel()
     l2.kernel = "read"
     for block in range(max(written, fresh)):
-        if block < written:
+        if beside and block < written:
             l2.read(("W", block), REPLAY_BLOCK)
         if block < fresh:
             l2.read(("R", block), REPLAY_BLOCK)
@@ -120,9 +121,14 @@ def predicted_write_bytes(x_mib: int, y_mib: int) -> int:
     return l2.traffic().by_kernel["read"].dram_write_bytes
 
 
+def stream_alone_write_bytes() -> dict[tuple[int, int], int]:
+    """{(X, Y): DRAM bytes written by R read alone after W}, probe.py's `stream` pattern as measured."""
+    return {(r["x_mib"], r["y_mib"]): r["kernels"][1]["dram_write_bytes"]
+            for r in json.loads((HERE / "probe.json").read_text())["rows"] if r["pattern"] == "stream"}
+
+
 def show(rows: list[dict]) -> None:
-    alone = {(r["x_mib"], r["y_mib"]): r["kernels"][1]["dram_write_bytes"]
-             for r in json.loads((HERE / "probe.json").read_text())["rows"] if r["pattern"] == "stream"}
+    alone = stream_alone_write_bytes()
     for r in rows:
         cells = "  ".join(f"{k['name'][:32]:32s}: R {k['dram_read_bytes'] / MiB:6.2f} W {k['dram_write_bytes'] / MiB:6.2f}"
                           for k in r["kernels"])

@@ -7,7 +7,7 @@ each variant here is a change to the model as it stands).
 
     python benchmarks/gpu/l2_probe/variants.py [VARIANT | fills:KERNEL=WEIGHT,... | writes:KERNEL=WEIGHT,... ...]
                                                 [--sweeps] [--sdpa] [--probe-rows] [--heads] [--naive]
-                                                [--flash | --fa2] [--retention] [--bands]
+                                                [--flash | --fa2] [--retention] [--bands] [--hints]
 
 Per variant: the probe's kernel rows predicted (DRAM bytes read and written, within 10% / 1 MiB, and the
 absolute error in MiB), and the calibration sweep's fit rows within 10% / 1 MiB (naive and simflash's
@@ -19,7 +19,9 @@ pv_tiles.py lays it out. With --heads, the heads probe's causal grids at d = 128
 DRAM MiB read beyond Q + K + V per head, predicted / measured. With --retention, the retention probe's
 rotated readers (retention.json) replayed in lock-step: the share of their re-reads that miss, predicted /
 measured. With --bands, only the bands probe (bands.json) replayed in lock-step: the DRAM MiB read beyond
-the compulsory, predicted / measured. With --naive, only the naive path's rows
+the compulsory, predicted / measured. With --hints, only the hints probe's plain reads (hints.json: a dirty W
+read beside a fresh R) and probe.py's R read alone after W, replayed: MiB of W written back, predicted /
+measured. With --naive, only the naive path's rows
 no figure was fitted on (the eight sweeps less the calibration fit set), by kernel, cold and warm; with
 --flash, those rows of simflash's FA-2 kernel and PyTorch SDPA's (--fa2: simflash's alone); with any of them
 and --probe-rows, each of
@@ -37,6 +39,7 @@ from pathlib import Path
 import attrs
 
 import bands
+import hints
 import pv_tiles
 import simflash.algorithms.naive as naive_algorithm
 import simflash.chip as chip
@@ -789,7 +792,8 @@ def show(counts: dict[tuple[str, str, str], list[int]]) -> str:
 
 
 def main(names: list[str], sweeps: bool, sdpa: bool, show_rows: bool, heads: bool = False, naive: bool = False,
-         flash: bool = False, retention: bool = False, band_probe: bool = False, fa2_only: bool = False) -> None:
+         flash: bool = False, retention: bool = False, band_probe: bool = False, fa2_only: bool = False,
+         hint_probe: bool = False) -> None:
     model_naive = physical._naive
     for name in names or list(VARIANTS):
         variant = VARIANTS[name] if name in VARIANTS else kernel_weights(name)
@@ -821,6 +825,10 @@ def main(names: list[str], sweeps: bool, sdpa: bool, show_rows: bool, heads: boo
             print(f"  retention probe (re-reads missed, predicted / measured): {retention_rows(variant)}", flush=True)
         if band_probe:
             print(f"  bands probe (DRAM MiB read beyond the compulsory, predicted / measured): {bands_rows(variant)}",
+                  flush=True)
+            continue
+        if hint_probe:
+            print(f"  hints probe (MiB of the dirty W written back, predicted / measured): {hints_rows(variant)}",
                   flush=True)
             continue
         parts = [("calibration fit", "calibration", "fit")]
@@ -901,6 +909,23 @@ def retention_rows(variant: dict) -> str:
     return "; ".join(cells)
 
 
+def hints_rows(variant: dict) -> str:
+    """The hints probe's plain `read` cases (hints.json: W of 24 MiB written, then W read beside a fresh R) and
+    probe.py's R read alone after the same W, replayed through the variant's L2: MiB of W written back, predicted /
+    measured."""
+    make = l2_of(variant)
+    alone = hints.stream_alone_write_bytes()
+    cells = []
+    for row in json.loads((HERE / "hints.json").read_text())["rows"]:
+        if row["pattern"] != "read" or row["hint"]:
+            continue
+        x, y = row["x_mib"], row["y_mib"]
+        cells.append(f"W beside R {y}: {hints.predicted_write_bytes(x, y, make) / MiB:.2f} / "
+                     f"{row['kernels'][1]['dram_write_bytes'] / MiB:.2f}; R {y} alone: "
+                     f"{hints.predicted_write_bytes(x, y, make, beside=False) / MiB:.2f} / {alone[x, y] / MiB:.2f}")
+    return "; ".join(cells)
+
+
 def bands_rows(variant: dict) -> str:
     """The bands probe (bands.json) replayed through the variant's L2: its 132 CTAs in lock-step, one tile each
     a step (the tiles in launch order), each step's reads of K's blocks and Q's bands first (a block several of
@@ -951,8 +976,9 @@ def summed(tables: list[dict]) -> dict:
 
 
 if __name__ == "__main__":
-    flags = {"--sweeps", "--sdpa", "--probe-rows", "--heads", "--naive", "--flash", "--retention", "--bands", "--fa2"}
+    flags = {"--sweeps", "--sdpa", "--probe-rows", "--heads", "--naive", "--flash", "--retention", "--bands", "--fa2",
+             "--hints"}
     main([a for a in sys.argv[1:] if a not in flags], "--sweeps" in sys.argv[1:], "--sdpa" in sys.argv[1:],
          "--probe-rows" in sys.argv[1:], "--heads" in sys.argv[1:], "--naive" in sys.argv[1:],
          "--flash" in sys.argv[1:] or "--fa2" in sys.argv[1:], "--retention" in sys.argv[1:],
-         "--bands" in sys.argv[1:], "--fa2" in sys.argv[1:])
+         "--bands" in sys.argv[1:], "--fa2" in sys.argv[1:], "--hints" in sys.argv[1:])
