@@ -519,9 +519,7 @@ def test_reread_floors_come_out_of_their_fit():
     import json
     from pathlib import Path
 
-    import attrs
-
-    from simflash.model.calibration import fit_reread_floor
+    from simflash.model.calibration import fit_reread_floor, without_figures
     from simflash.model.physical import first_read_bytes
     from simflash.schedule import TileSchedule
 
@@ -533,7 +531,7 @@ def test_reread_floors_come_out_of_their_fit():
     for key, value in fitted.items():
         assert written[key] == pytest.approx(value, abs=1e-6), key
     floor = written["reread_floor_sdpa_flash_d128_causal"]
-    bare = attrs.evolve(spec, calibration={k: v for k, v in spec.calibration.items() if not k.startswith("reread_floor_")})
+    bare = without_figures(spec, "reread_floor_")
     waves = predict("fa2", 8192, 128, heads=64, causal=True, kernel="sdpa_flash").kernels[0]
     without = predict("fa2", 8192, 128, heads=64, causal=True, kernel="sdpa_flash", gpu=bare).kernels[0]
     first = first_read_bytes(TileSchedule(8192, 8192, 128, 64, causal=True), 64, 128, 2)

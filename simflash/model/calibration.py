@@ -176,13 +176,18 @@ def fit_tensor_efficiency(measurement: dict, times: dict, kernel: str, gpu: GPUS
     return float(np.median(ratios))
 
 
+def without_figures(spec: GPUSpec, prefix: str) -> GPUSpec:
+    """`spec` with the [calibration] figures whose names start with `prefix` left out: the model a figure is
+    fitted against."""
+    return attrs.evolve(spec, calibration={k: v for k, v in spec.calibration.items() if not k.startswith(prefix)})
+
+
 def fit_spill_writes(measurements: Iterable[dict], gpu: GPUSpec | str = "H200") -> dict[str, float]:
     """SDPA's spill figures (`simflash.model.physical.spill_write_bytes`): for each compiled instantiation
     (head dimension, mask), the bytes per CTA and per KV tile step that make the DRAM writes of the fit
     set's SDPA rows, cold and warm, what ncu measured. Least squares on the relative error, the L2 model's
     prediction without spills taken from each measured figure."""
-    spec = gpu_spec(gpu)
-    bare = attrs.evolve(spec, calibration={k: v for k, v in spec.calibration.items() if not k.startswith("spill_")})
+    bare = without_figures(gpu_spec(gpu), "spill_")
     rows: dict[str, list[tuple[int, int, int, int]]] = {}  # instantiation -> (CTAs, tile steps, predicted, measured)
     for measurement in measurements:
         for index, entry in enumerate(measurement["configs"]):
@@ -211,9 +216,7 @@ def fit_reread_floor(measurements: Iterable[dict], gpu: GPUSpec | str = "H200") 
     the mask (head dimension), the share of the K and V read again that at least miss, in the fit set's SDPA rows
     whose grid runs in more than one wave, cold and warm: least squares on the relative error of the DRAM reads
     (the floor raising the L2 model's prediction wherever it falls below it), over shares in steps of 0.01%."""
-    spec = gpu_spec(gpu)
-    bare = attrs.evolve(spec, calibration={k: v for k, v in spec.calibration.items()
-                                           if not k.startswith("reread_floor_")})
+    bare = without_figures(gpu_spec(gpu), "reread_floor_")
     rows: dict[str, list[tuple[int, int, int, int]]] = {}  # instantiation -> (predicted, first, logical, measured)
     for measurement in measurements:
         for index, entry in enumerate(measurement["configs"]):

@@ -202,8 +202,9 @@ class L2Variant(L2Cache):
             self._stale_order = list(self._blocks)
             self._random.shuffle(self._stale_order)
             self._shed_owed = 0.0
-            self._dead = [key for key, block in self._blocks.items() if not block[1]]
-            self._dead_set = set(self._dead)
+            if self.stale_shed_dead_only:
+                self._dead = [key for key, block in self._blocks.items() if not block[1]]
+                self._dead_set = set(self._dead)
 
     def _shed_stale(self, key, nbytes):
         """In a shedding kernel, a block filled while the cache is full takes up to its full size, the room evicted
