@@ -104,13 +104,15 @@ def l2_cache(gpu: GPUSpec) -> L2:
     capacity = gpu.calibration.get("l2_effective_bytes", gpu.l2_bytes)
     spread = gpu.calibration.get("l2_capacity_spread_bytes", 0.0)
     sets = int(gpu.calibration.get("l2_sets", 1))
+    window = gpu.calibration.get("l2_dirty_read_window_bytes")
 
     def lru(size: float) -> L2Cache:
         return L2Cache(size, gpu.calibration.get("l2_read_fill_weight", 1.0),
                        int(gpu.calibration.get("l2_flush_residue_bytes", 0)) // sets,
                        gpu.calibration.get("l2_residue_ramp_bytes", 0.0) / sets,
                        gpu.calibration.get("l2_cohort_weight", 1.0), kernel_figures(gpu, "read_weight"),
-                       kernel_figures(gpu, "clean_age_factor"), kernel_figures(gpu, "write_weight"))
+                       kernel_figures(gpu, "clean_age_factor"), kernel_figures(gpu, "write_weight"),
+                       None if window is None else window * size / capacity)  # a set sees its share of the reads
 
     if sets > 1:
         return L2Sets(tuple(lru(capacity / sets) for _ in range(sets)), int(gpu.calibration["l2_stripe_bytes"]))

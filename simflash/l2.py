@@ -36,7 +36,7 @@ caches side by side, of capacities either side of the effective one, and reports
 from __future__ import annotations
 
 import zlib
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Hashable, Iterator, Mapping
 
 import attrs
@@ -104,7 +104,11 @@ class L2Cache:
 
     In the kernels `kernel_write_weights` names, a block written holds that share of its size: the L2 keeps
     less of what FA-2 writes (O) dirty at the kernel's end than O's size alone leaves room for beside the
-    stream of K and V (benchmarks/gpu/l2_probe/fit_writes.txt)."""
+    stream of K and V (benchmarks/gpu/l2_probe/fit_writes.txt).
+
+    A dirty block a kernel reads (what an earlier kernel wrote for it) is written back once the kernel has read
+    `dirty_read_window_bytes` more, and stays, clean: read beside a stream, dirty data goes back to DRAM far
+    sooner than dirty data the kernel leaves alone (benchmarks/gpu/l2_probe/hints.txt)."""
 
     capacity_bytes: float
     read_fill_weight: float = 1.0
@@ -114,6 +118,7 @@ class L2Cache:
     kernel_read_weights: Mapping[str, float] = attrs.field(factory=dict)
     kernel_clean_age_factors: Mapping[str, float] = attrs.field(factory=dict)
     kernel_write_weights: Mapping[str, float] = attrs.field(factory=dict)
+    dirty_read_window_bytes: float | None = None
     kernel: str | None = None
     _blocks: OrderedDict[BlockKey, list] = attrs.field(factory=OrderedDict)  # key -> [nbytes, dirty, cost]
     _resident_cost: float = 0.0
@@ -121,6 +126,8 @@ class L2Cache:
     _residue_left: int = 0  # bytes of the flush residue still dirty in the cache
     _filled: int = 0  # bytes brought in (read misses and writes, at full size) since the flush
     _touched: dict[BlockKey, int] = attrs.field(factory=dict)  # in an ageing kernel: _filled at a block's last touch
+    _read: int = 0  # bytes the kernel has read (counted where dirty reads have a window)
+    _dirty_reads: deque[tuple[int, BlockKey]] = attrs.field(factory=deque)  # (_read at the read, key), oldest first
 
     def read(self, key: BlockKey, nbytes: int, count: int = 1, shared: bool = False, again: bool = False) -> None:
         """`count` back-to-back reads of a block (CTAs in lock-step): the first may miss, the rest hit. A
@@ -132,6 +139,11 @@ class L2Cache:
         shared = shared or count > 1
         if again:
             flow[5] += nbytes * count
+        if self.dirty_read_window_bytes is not None:
+            self._read += nbytes * count
+            if block is not None and block[1]:
+                self._dirty_reads.append((self._read, key))
+            self._clean_behind()
         own_weight = self.kernel_read_weights.get(self.kernel)  # type: ignore[arg-type]
         if block is None:
             flow[1] += nbytes
@@ -170,6 +182,8 @@ class L2Cache:
         for key, (nbytes, dirty, _) in self._blocks.items():
             if dirty:
                 self._flow(key[0])[3] += nbytes
+        self._dirty_reads.clear()
+        self._read = 0
         self.kernel = None
 
     def flush(self, residue: bool = False) -> None:
@@ -204,6 +218,15 @@ class L2Cache:
         """In a kernel that ages clean blocks slower, remember when `key` was last filled, written or read again."""
         if self.kernel in self.kernel_clean_age_factors:
             self._touched[key] = self._filled
+
+    def _clean_behind(self) -> None:
+        """Write back the dirty blocks read more than the window ago (they stay, clean)."""
+        while self._dirty_reads and self._read - self._dirty_reads[0][0] > self.dirty_read_window_bytes:
+            key = self._dirty_reads.popleft()[1]
+            block = self._blocks.get(key)
+            if block is not None and block[1]:
+                block[1] = False
+                self._flow(key[0])[2] += block[0]
 
     def _evict_residue(self) -> None:
         """The residue leaves first, as soon as what came in since the flush, at full size, overflows the

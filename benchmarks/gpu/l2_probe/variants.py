@@ -104,6 +104,7 @@ class L2Variant(L2Cache):
     stale_shed_rate: float = 1.0  # with stale_shed_kernels: the share of a fill's size times the stale share shed
     stale_shed_latched: bool = False  # with stale_shed_kernels: from the kernel's first eviction on, the fill not growing
     stale_shed_dead_only: bool = False  # with stale_shed_kernels: only clean stale blocks, and dirty ones once read here
+    tensor_fill_weights: dict = attrs.field(factory=dict)  # a block of these tensors filled by a read miss holds this share
     _evicted_here: bool = False  # whether the cache has evicted in this kernel
     _dead: list = attrs.field(factory=list)  # with stale_shed_dead_only: the stale blocks that may be shed
     _dead_set: set = attrs.field(factory=set)
@@ -132,7 +133,13 @@ class L2Variant(L2Cache):
             if block is None:
                 self._clock += nbytes
             self._touched[key] = self._clock  # filled, or a clean block moved to the end
-            super().read(key, nbytes, count, shared, again)
+            if block is None and key[0] in self.tensor_fill_weights:  # this tensor's fills at their own weight
+                saved = self.kernel_read_weights
+                self.kernel_read_weights = {**saved, self.kernel: self.tensor_fill_weights[key[0]]}
+                super().read(key, nbytes, count, shared, again)
+                self.kernel_read_weights = saved
+            else:
+                super().read(key, nbytes, count, shared, again)
             if block is None:
                 self._shed_stale(key, nbytes)
             if block is not None and count == 1 and self._evicting and self.reread_floor:
@@ -601,6 +608,12 @@ VARIANTS = {
     "demotes-pv-fill-1": dict(dirty_read_demotes=True, kernel_read_weights={"gemm_pv": 1.0}),
     "demotes-pv-fill-0.75": dict(dirty_read_demotes=True, kernel_read_weights={"gemm_pv": 0.75}),
     "demotes-pv-fill-0.5": dict(dirty_read_demotes=True, kernel_read_weights={"gemm_pv": 0.5}),
+    # only in the P V GEMM: what it reads of P goes next, and its fills hold W (the softmax's demotion as before)
+    **{f"pv-demotes-fill-{w}": dict(dirty_read_demotes=True, demote_kernels=("gemm_pv",),
+                                    kernel_read_weights={"gemm_pv": w}) for w in (0.4, 0.5, 0.6, 0.75)},
+    # the same with only P's fills at W (V's as the model has them)
+    **{f"pv-demotes-p-fill-{w}": dict(dirty_read_demotes=True, demote_kernels=("gemm_pv",),
+                                      tensor_fill_weights={"P": w}) for w in (0.4, 0.5, 0.6, 0.75, 1.0)},
     "pv-random-fill-1": dict(kernel_read_weights={"gemm_pv": 1.0}, kernel_victim_windows={"gemm_pv": 64}),
     "pv-random-fill-0.75": dict(kernel_read_weights={"gemm_pv": 0.75}, kernel_victim_windows={"gemm_pv": 64}),
     "pv-random-16-fill-1": dict(kernel_read_weights={"gemm_pv": 1.0}, kernel_victim_windows={"gemm_pv": 16}),
