@@ -140,10 +140,7 @@ class L2Cache:
         if again:
             flow[5] += nbytes * count
         if self.dirty_read_window_bytes is not None:
-            self._read += nbytes * count
-            if block is not None and block[1]:
-                self._dirty_reads.append((self._read, key))
-            self._clean_behind()
+            self._through_window(self.dirty_read_window_bytes, key, nbytes * count, dirty=block is not None and block[1])
         own_weight = self.kernel_read_weights.get(self.kernel)  # type: ignore[arg-type]
         if block is None:
             flow[1] += nbytes
@@ -219,14 +216,23 @@ class L2Cache:
         if self.kernel in self.kernel_clean_age_factors:
             self._touched[key] = self._filled
 
-    def _clean_behind(self) -> None:
-        """Write back the dirty blocks read more than the window ago (they stay, clean)."""
-        while self._dirty_reads and self._read - self._dirty_reads[0][0] > self.dirty_read_window_bytes:
-            key = self._dirty_reads.popleft()[1]
-            block = self._blocks.get(key)
+    def _through_window(self, window: float, key: BlockKey, nbytes: int, dirty: bool) -> None:
+        """A read of `nbytes` (of a dirty block: it joins the window); the dirty blocks read more than `window`
+        bytes ago are written back and stay, clean."""
+        self._read += nbytes
+        if dirty:
+            self._dirty_reads.append((self._read, key))
+        while self._dirty_reads and self._read - self._dirty_reads[0][0] > window:
+            passed = self._dirty_reads.popleft()[1]
+            block = self._blocks.get(passed)
             if block is not None and block[1]:
-                block[1] = False
-                self._flow(key[0])[2] += block[0]
+                self._write_back(passed)
+
+    def _write_back(self, key: BlockKey) -> None:
+        """Write a resident dirty block back; it stays, clean."""
+        block = self._blocks[key]
+        block[1] = False
+        self._flow(key[0])[2] += block[0]
 
     def _evict_residue(self) -> None:
         """The residue leaves first, as soon as what came in since the flush, at full size, overflows the

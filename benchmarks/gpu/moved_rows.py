@@ -3,6 +3,7 @@ sweeps at a git revision against those in the working tree, every row whose DRAM
 10% / 1 MiB (IN) or went out (OUT), with its kernel, one head's K + V and the error before and after.
 
     python benchmarks/gpu/moved_rows.py REV > benchmarks/gpu/moved_rows.txt
+    (the file holds each comparison the docs quote, the latest first)
 """
 
 import sys

@@ -104,7 +104,6 @@ class L2Variant(L2Cache):
     stale_shed_rate: float = 1.0  # with stale_shed_kernels: the share of a fill's size times the stale share shed
     stale_shed_latched: bool = False  # with stale_shed_kernels: from the kernel's first eviction on, the fill not growing
     stale_shed_dead_only: bool = False  # with stale_shed_kernels: only clean stale blocks, and dirty ones once read here
-    tensor_fill_weights: dict = attrs.field(factory=dict)  # a block of these tensors filled by a read miss holds this share
     _evicted_here: bool = False  # whether the cache has evicted in this kernel
     _dead: list = attrs.field(factory=list)  # with stale_shed_dead_only: the stale blocks that may be shed
     _dead_set: set = attrs.field(factory=set)
@@ -133,13 +132,7 @@ class L2Variant(L2Cache):
             if block is None:
                 self._clock += nbytes
             self._touched[key] = self._clock  # filled, or a clean block moved to the end
-            if block is None and key[0] in self.tensor_fill_weights:  # this tensor's fills at their own weight
-                saved = self.kernel_read_weights
-                self.kernel_read_weights = {**saved, self.kernel: self.tensor_fill_weights[key[0]]}
-                super().read(key, nbytes, count, shared, again)
-                self.kernel_read_weights = saved
-            else:
-                super().read(key, nbytes, count, shared, again)
+            super().read(key, nbytes, count, shared, again)
             if block is None:
                 self._shed_stale(key, nbytes)
             if block is not None and count == 1 and self._evicting and self.reread_floor:
@@ -149,6 +142,8 @@ class L2Variant(L2Cache):
             return
         if again:
             self._flow(key[0])[5] += nbytes * count
+        if self.dirty_read_window_bytes is not None:  # the reads L2Cache.read does not see
+            self._through_window(self.dirty_read_window_bytes, key, nbytes * count, dirty=block[1])
         if not block[1]:  # a clean block read again: data several SMs read
             held = nbytes * (self.cohort_weight if self.shared_rereads or count > 1 or shared else self.reread_weight)
             self._resident_cost += held - block[2]
@@ -267,6 +262,10 @@ class L2Variant(L2Cache):
 
     def _forget_dirty(self, key):
         self._dirty_bytes -= self._dirty.pop(key, 0)
+
+    def _write_back(self, key):
+        super()._write_back(key)
+        self._forget_dirty(key)
 
     def _clean(self):
         while self._dirty_bytes > self.dirty_limit:
@@ -610,10 +609,7 @@ VARIANTS = {
     "demotes-pv-fill-0.5": dict(dirty_read_demotes=True, kernel_read_weights={"gemm_pv": 0.5}),
     # only in the P V GEMM: what it reads of P goes next, and its fills hold W (the softmax's demotion as before)
     **{f"pv-demotes-fill-{w}": dict(dirty_read_demotes=True, demote_kernels=("gemm_pv",),
-                                    kernel_read_weights={"gemm_pv": w}) for w in (0.4, 0.5, 0.6, 0.75)},
-    # the same with only P's fills at W (V's as the model has them)
-    **{f"pv-demotes-p-fill-{w}": dict(dirty_read_demotes=True, demote_kernels=("gemm_pv",),
-                                      tensor_fill_weights={"P": w}) for w in (0.4, 0.5, 0.6, 0.75, 1.0)},
+                                    kernel_read_weights={"gemm_pv": w}) for w in (0.5, 0.6)},
     "pv-random-fill-1": dict(kernel_read_weights={"gemm_pv": 1.0}, kernel_victim_windows={"gemm_pv": 64}),
     "pv-random-fill-0.75": dict(kernel_read_weights={"gemm_pv": 0.75}, kernel_victim_windows={"gemm_pv": 64}),
     "pv-random-16-fill-1": dict(kernel_read_weights={"gemm_pv": 1.0}, kernel_victim_windows={"gemm_pv": 16}),
@@ -696,6 +692,7 @@ def l2_of(variant: dict):
                                    "levels_mib", "single_climbs", "dueling", "rrip", "softmax_at_once",
                                    "pv_tile_rows")}}
         options["dirty_limit"] = options.get("dirty_limit", float("inf")) * MiB
+        options.setdefault("dirty_read_window_bytes", cal.get("l2_dirty_read_window_bytes"))
         options["kernel_read_weights"] = {**kernel_figures(gpu, "read_weight"), **variant.get("kernel_read_weights", {})}
         options["kernel_write_weights"] = {**kernel_figures(gpu, "write_weight"), **variant.get("kernel_write_weights", {})}
         ageing = kernel_figures(gpu, "clean_age_factor")  # the machine file's, in the variant's own terms
@@ -710,6 +707,8 @@ def l2_of(variant: dict):
         options["flush_residue_bytes"] //= sets
         options["residue_ramp_bytes"] /= sets
         options["dirty_limit"] /= sets  # each set caps its share of the dirty bytes
+        if options["dirty_read_window_bytes"] is not None:
+            options["dirty_read_window_bytes"] /= sets  # each set sees its share of the reads
         options["clean_tail"] = options.get("clean_tail", 0.0) * MiB / sets
         def sets_of(cache, each=lambda i: {}):  # the model's sets, each a `cache` with its share
             share = (capacity * MiB / sets, options["read_fill_weight"], options["flush_residue_bytes"],
