@@ -108,7 +108,8 @@ class L2Cache:
 
     A dirty block a kernel reads (what an earlier kernel wrote for it) is written back once the kernel has read
     `dirty_read_window_bytes` more, and stays, clean: read beside a stream, dirty data goes back to DRAM far
-    sooner than dirty data the kernel leaves alone (benchmarks/gpu/l2_probe/hints.txt)."""
+    sooner than dirty data the kernel leaves alone (benchmarks/gpu/l2_probe/hints.txt). The window is the
+    kernel's: what it read and has not yet passed is still dirty at its end."""
 
     capacity_bytes: float
     read_fill_weight: float = 1.0
@@ -222,7 +223,11 @@ class L2Cache:
         self._read += nbytes
         if dirty:
             self._dirty_reads.append((self._read, key))
-        while self._dirty_reads and self._read - self._dirty_reads[0][0] > window:
+        self._clean_behind(self._read - window)
+
+    def _clean_behind(self, mark: float) -> None:
+        """Write back the dirty blocks read before `mark` (in the window's count); they stay, clean."""
+        while self._dirty_reads and self._dirty_reads[0][0] < mark:
             passed = self._dirty_reads.popleft()[1]
             block = self._blocks.get(passed)
             if block is not None and block[1]:

@@ -19,8 +19,8 @@ from multiprocessing import Pool
 import attrs
 
 import hints
-import simflash.model.physical as physical
 import simflash.chip as chip
+import simflash.model.physical as physical
 from simflash.config import MiB
 from simflash.l2 import L2Cache
 from simflash.model.calibration import REGIME_SWEEPS, compare, load
@@ -38,10 +38,7 @@ class FillWindowL2(L2Cache):
 
     def _insert(self, key, nbytes, dirty, cost):
         super()._insert(key, nbytes, dirty, cost)
-        while self._dirty_reads and self._filled - self._dirty_reads[0][0] > self.dirty_read_window_bytes:
-            passed = self._dirty_reads.popleft()[1]
-            if passed in self._blocks and self._blocks[passed][1]:
-                self._write_back(passed)
+        self._clean_behind(self._filled - self.dirty_read_window_bytes)
 
 
 def windowed(window_mib: float | None, fills: bool = False):
