@@ -127,7 +127,7 @@ class L2Cache:
     _residue_left: int = 0  # bytes of the flush residue still dirty in the cache
     _filled: int = 0  # bytes brought in (read misses and writes, at full size) since the flush
     _touched: dict[BlockKey, int] = attrs.field(factory=dict)  # in an ageing kernel: _filled at a block's last touch
-    _read: int = 0  # bytes the kernel has read (counted where dirty reads have a window)
+    _read: int = 0  # bytes the kernel has read since it first read a dirty block (where dirty reads have a window)
     _dirty_reads: deque[tuple[int, BlockKey]] = attrs.field(factory=deque)  # (_read at the read, key), oldest first
 
     def read(self, key: BlockKey, nbytes: int, count: int = 1, shared: bool = False, again: bool = False) -> None:
@@ -140,8 +140,9 @@ class L2Cache:
         shared = shared or count > 1
         if again:
             flow[5] += nbytes * count
-        if self.dirty_read_window_bytes is not None:
-            self._through_window(self.dirty_read_window_bytes, key, nbytes * count, dirty=block is not None and block[1])
+        dirty = block is not None and block[1]
+        if self.dirty_read_window_bytes is not None and (dirty or self._dirty_reads):  # counted while one is pending
+            self._through_window(self.dirty_read_window_bytes, key, nbytes * count, dirty)
         own_weight = self.kernel_read_weights.get(self.kernel)  # type: ignore[arg-type]
         if block is None:
             flow[1] += nbytes

@@ -142,8 +142,8 @@ class L2Variant(L2Cache):
             return
         if again:
             self._flow(key[0])[5] += nbytes * count
-        if self.dirty_read_window_bytes is not None:  # the reads L2Cache.read does not see
-            self._through_window(self.dirty_read_window_bytes, key, nbytes * count, dirty=block[1])
+        if self.dirty_read_window_bytes is not None and (block[1] or self._dirty_reads):  # reads L2Cache.read misses
+            self._through_window(self.dirty_read_window_bytes, key, nbytes * count, block[1])
         if not block[1]:  # a clean block read again: data several SMs read
             held = nbytes * (self.cohort_weight if self.shared_rereads or count > 1 or shared else self.reread_weight)
             self._resident_cost += held - block[2]
