@@ -23,7 +23,7 @@ import simflash.chip as chip
 import simflash.model.physical as physical
 from simflash.config import MiB
 from simflash.l2 import L2Cache
-from simflash.model.calibration import REGIME_SWEEPS, compare, load
+from simflash.model.calibration import REGIME_SWEEPS, compare, load, without_figures
 from variants import SWEEP_FOLDER, show, summed, tally, unseen_rows
 
 WINDOW = "l2_dirty_read_window_bytes"
@@ -46,11 +46,10 @@ def windowed(window_mib: float | None, fills: bool = False):
     with `fills`, brought in."""
 
     def make(gpu):
-        calibration = {k: v for k, v in gpu.calibration.items() if k != WINDOW}
-        if window_mib is not None:
-            calibration[WINDOW] = window_mib * MiB
+        bare = without_figures(gpu, WINDOW)
+        window = {} if window_mib is None else {WINDOW: window_mib * MiB}
         chip.L2Cache = FillWindowL2 if fills else L2Cache  # what chip.l2_cache builds its sets of
-        return chip.l2_cache(attrs.evolve(gpu, calibration=calibration))
+        return chip.l2_cache(attrs.evolve(bare, calibration={**bare.calibration, **window}))
 
     return make
 
